@@ -1,0 +1,165 @@
+"""The ``dataferry`` command. Only this module parses argv.
+
+    dataferry lab up [--profile NAME] [--port N]     start the offline lab (builds tools once)
+    dataferry lab status [--json]                    what runs, where, under which profile
+    dataferry lab profile [NAME]                     list profiles, or switch to NAME
+    dataferry lab mount BUCKET [--file-cache]        mount a lab bucket with gcsfuse
+    dataferry lab dataset BUCKET --files N --size B  upload a synthetic dataset
+    dataferry lab demo                               a one-minute tour (starts and stops a lab)
+    dataferry lab down                               stop everything, leave nothing behind
+    dataferry lab build                              build the lab's tools now
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from dataferry import __version__
+
+__all__ = ["main"]
+
+
+def _lab(args: argparse.Namespace):
+    from dataferry.lab import Lab
+
+    return Lab(state_dir=args.state_dir)
+
+
+def _print_status(status: dict) -> None:
+    if not status["up"] and "endpoint" not in status:
+        print(f"lab: down (state in {status['state_dir']})")
+        return
+    print(f"lab: {'up' if status['up'] else 'NOT HEALTHY (run `dataferry lab up` to restart it)'}")
+    print(f"  endpoint        {status['endpoint']}   (STORAGE_EMULATOR_HOST; gcsfuse --custom-endpoint "
+          f"{status['endpoint']}/storage/v1/)")
+    print(f"  direct          {status['direct_endpoint']}   (fake-gcs-server itself, unshaped)")
+    print(f"  toxiproxy API   {status['toxiproxy_api']}")
+    p = status["profile"] or {}
+    bw = f"{p.get('bandwidth_MBps')} MB/s per connection" if p.get("bandwidth_MBps") else "unlimited"
+    print(f"  profile         lab:{p.get('name')} (+{p.get('rtt_ms')} ms round trip, {bw})")
+    for name, proc in status["processes"].items():
+        print(f"  {name:<15} pid {proc['pid']} {'alive' if proc['alive'] else 'DEAD'} "
+              f"({status['tools'].get(name, '')})")
+    g = status["gcsfuse"]
+    print(f"  gcsfuse         {g['version'] + ' ' + g['path'] if g['available'] else 'unavailable: ' + g['why']}")
+    for point, m in status["mounts"].items():
+        cache = "with file cache" if m["file_cache"] else "no file cache"
+        print(f"  mount           gs://{m['bucket']} at {point} ({cache}, pid {m['pid']})")
+    print(f"  run folder      {status['run_dir']}")
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from dataferry.lab import PROFILES, TOOLS, ensure_tool
+    from dataferry.lab.datasets import LogNormal
+
+    lab = _lab(args)
+    if args.lab_command == "up":
+        lab.up(profile=args.profile, port=args.port)
+        _print_status(lab.status())
+        print(f"\nexport STORAGE_EMULATOR_HOST={lab.endpoint}")
+    elif args.lab_command == "status":
+        status = lab.status()
+        print(json.dumps(status, indent=1)) if args.json else _print_status(status)
+        return 0 if status["up"] else 3
+    elif args.lab_command == "down":
+        done = lab.down()
+        print("\n".join(done) if done else "lab: nothing was running")
+    elif args.lab_command == "profile":
+        if args.name is None:
+            current = lab.profile.name if lab.running else None
+            for name, p in PROFILES.items():
+                print(f"{'*' if name == current else ' '} {p}")
+                if p.assumption:
+                    print(f"      {p.assumption}")
+        else:
+            print(f"profile now {lab.set_profile(args.name)}")
+    elif args.lab_command == "mount":
+        m = lab.mount(args.bucket, file_cache=args.file_cache, mountpoint=args.at)
+        print(m.mountpoint)
+        print(f"# unmount with: dataferry lab unmount {m.mountpoint} (or dataferry lab down)", file=sys.stderr)
+    elif args.lab_command == "unmount":
+        lab.unmount(args.mountpoint)
+    elif args.lab_command == "dataset":
+        size = LogNormal(args.size, args.sigma) if args.sigma else args.size
+        ds = lab.make_dataset(args.bucket, args.files, size, prefix=args.prefix, seed=args.seed,
+                              shard_bytes=int(args.shard_mb * 1e6) if args.shard_mb else None)
+        print(ds)
+    elif args.lab_command == "demo":
+        from dataferry.lab.demo import run_demo
+
+        started = not lab.running
+        lab.up()
+        try:
+            run_demo(lab)
+        finally:
+            if started:
+                lab.down()
+    elif args.lab_command == "build":
+        for name in TOOLS:
+            path, version = ensure_tool(name, lab.tools)
+            print(f"{name} {version} {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dataferry.lab.profiles import PROFILES
+
+    parser = argparse.ArgumentParser(prog="dataferry", description="Fast training data from cloud storage.")
+    parser.add_argument("--version", action="version", version=f"dataferry {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="more log output")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    lab = sub.add_parser("lab", help="the offline cloud lab (fake-gcs-server, toxiproxy, gcsfuse)")
+    lab.add_argument("--state-dir", help="lab state folder (default $DATAFERRY_LAB_STATE or ~/.cache/dataferry/lab)")
+    labsub = lab.add_subparsers(dest="lab_command", required=True)
+    up = labsub.add_parser("up", help="start the lab, or reuse the running one")
+    up.add_argument("--profile", default="unshaped", choices=list(PROFILES))
+    up.add_argument("--port", type=int, help="fixed port for the client endpoint (default: a free one)")
+    st = labsub.add_parser("status", help="what runs (exit code 3 when the lab is down)")
+    st.add_argument("--json", action="store_true")
+    labsub.add_parser("down", help="stop everything and remove the lab's temp folders")
+    pr = labsub.add_parser("profile", help="list region profiles, or switch to one")
+    pr.add_argument("name", nargs="?", choices=list(PROFILES))
+    mo = labsub.add_parser("mount", help="mount a lab bucket with gcsfuse; prints the mount point")
+    mo.add_argument("bucket")
+    mo.add_argument("--file-cache", action="store_true", help="turn on gcsfuse's file cache")
+    mo.add_argument("--at", help="mount point (default: a folder in the lab's run folder)")
+    um = labsub.add_parser("unmount", help="unmount a lab mount")
+    um.add_argument("mountpoint")
+    ds = labsub.add_parser("dataset", help="upload a synthetic dataset to a lab bucket")
+    ds.add_argument("bucket")
+    ds.add_argument("--files", type=int, required=True)
+    ds.add_argument("--size", type=int, required=True, help="bytes per file (the median with --sigma)")
+    ds.add_argument("--sigma", type=float, default=0.0, help="log-normal spread of sizes (0: all equal)")
+    ds.add_argument("--prefix", default="data")
+    ds.add_argument("--seed", type=int, default=0)
+    ds.add_argument("--shard-mb", type=float, default=64.0, help="tar shard size in MB (0: no shards)")
+    labsub.add_parser("demo", help="a one-minute tour: API and gcsfuse reads under every profile")
+    labsub.add_parser("build", help="build fake-gcs-server, toxiproxy and gcsfuse now")
+    lab.set_defaults(func=cmd_lab)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dataferry`` console script. Errors print one line and exit 2."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(name)s: %(message)s", stream=sys.stderr)
+    from dataferry.lab.errors import LabError
+    from dataferry.mounts import MountError
+
+    try:
+        return args.func(args)
+    except (LabError, MountError) as e:
+        print(f"dataferry: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""pytest fixtures for code that needs the lab. Enable with ``pytest_plugins = ["dataferry.lab.fixtures"]``.
+
+- ``lab``: a running lab for the whole session, in its own state folder (it never touches a lab
+  you started by hand), stopped at the end;
+- ``lab_bucket``: a fresh, empty bucket per test, deleted after it; the lab's profile is reset
+  to ``unshaped`` after the test so that shaping never leaks into the next one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from dataferry.lab.core import Lab
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A running lab shared by the session's tests."""
+    lab = Lab(state_dir=tmp_path_factory.mktemp("lab-state")).up()
+    try:
+        yield lab
+    finally:
+        lab.down()
+
+
+@pytest.fixture
+def lab_bucket(lab: Lab):
+    """A new empty lab bucket (a google-cloud-storage ``Bucket`` on the direct endpoint)."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    bucket = lab.create_bucket(name)
+    try:
+        yield bucket
+    finally:
+        lab.set_profile("unshaped")
+        lab.delete_bucket(name)

@@ -1,0 +1,83 @@
+"""Real gcsfuse mounts of lab buckets read the same bytes as the API, with and without file cache."""
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from dataferry.lab import BucketNotFound, plan_dataset
+from dataferry.mounts import MountError, is_mounted, mount_gcsfuse
+
+
+@pytest.fixture(scope="module")
+def fuse_dataset(lab):
+    bucket = lab.create_bucket("fuse-data")
+    ds = plan_dataset(24, 150_000, prefix="ds", seed=3, shard_bytes=1_000_000).upload(bucket)
+    yield ds
+    lab.delete_bucket("fuse-data")
+
+
+def _evict(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("file_cache", [False, True], ids=["no-file-cache", "file-cache"])
+def test_gcsfuse_reads_same_bytes(gcsfuse_lab, fuse_dataset, file_cache):
+    ds = fuse_dataset
+    with gcsfuse_lab.mount("fuse-data", file_cache=file_cache) as m:
+        assert is_mounted(m.mountpoint)
+        # --implicit-dirs: the nested folders show up without folder placeholder objects.
+        assert sorted(os.listdir(m.mountpoint / "ds")) == ["files", "manifest.json", "shards"]
+        for name in ds.object_names:
+            assert (m.mountpoint / name).read_bytes() == ds.content(name)
+        for shard, keys in ds.shards.items():
+            with tarfile.open(fileobj=io.BytesIO((m.mountpoint / shard).read_bytes())) as tar:
+                assert tar.getnames() == keys
+                assert tar.extractfile(keys[0]).read() == ds.content(keys[0])
+        if file_cache:
+            cached = [p for p in m.cache_dir.rglob("*") if p.is_file()]
+            assert len(cached) >= len(ds.object_names), "file cache is on, so every read file is cached"
+            # A re-read after page-cache eviction still returns the same bytes (from the file cache).
+            _evict(m.mountpoint / ds.object_names[0])
+            assert (m.mountpoint / ds.object_names[0]).read_bytes() == ds.content(ds.object_names[0])
+        else:
+            assert m.cache_dir is None
+        point = m.mountpoint
+    assert not is_mounted(point)
+    assert not point.exists()
+    assert gcsfuse_lab.status()["mounts"] == {}
+
+
+def test_gcsfuse_sees_new_objects_and_writes_nothing_unasked(gcsfuse_lab, lab_bucket):
+    lab_bucket.blob("a/b/c.txt").upload_from_string(b"hello")
+    with gcsfuse_lab.mount(lab_bucket.name) as m:
+        assert (m.mountpoint / "a" / "b" / "c.txt").read_bytes() == b"hello"
+    assert [b.name for b in lab_bucket.list_blobs()] == ["a/b/c.txt"]
+
+
+def test_mount_missing_bucket_is_bucket_not_found(gcsfuse_lab):
+    with pytest.raises(BucketNotFound, match="no-such-bucket"):
+        gcsfuse_lab.mount("no-such-bucket")
+
+
+def test_gcsfuse_itself_on_missing_bucket_raises_with_log_tail(gcsfuse_lab, tmp_path):
+    """mount_gcsfuse (the Colab path, no lab check first) reports gcsfuse's own words."""
+    gcsfuse = gcsfuse_lab.status()["gcsfuse"]["path"]
+    with pytest.raises(MountError, match=r"(?s)gs://no-such-bucket does not exist at http://127.*gcsfuse log.*404"):
+        mount_gcsfuse("no-such-bucket", tmp_path / "mnt", endpoint=gcsfuse_lab.endpoint, anonymous=True,
+                      gcsfuse=gcsfuse, config={"enable-hns": False}, timeout=60)
+    assert not is_mounted(tmp_path / "mnt")
+    assert not (tmp_path / "mnt").exists(), "the mount point it created is removed again"
+
+
+def test_mount_onto_non_empty_folder_is_refused(gcsfuse_lab, lab_bucket, tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    with pytest.raises(MountError, match="not empty"):
+        mount_gcsfuse(lab_bucket.name, tmp_path, endpoint=gcsfuse_lab.endpoint, anonymous=True,
+                      gcsfuse=gcsfuse_lab.status()["gcsfuse"]["path"], config={"enable-hns": False})
+    assert (tmp_path / "keep.txt").read_text() == "mine"

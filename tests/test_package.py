@@ -1,0 +1,64 @@
+"""The helpers install on their own (from the folder and from git), with lower-bounded deps only."""
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "helpers" / "pyproject.toml").read_text())
+
+
+def _requirements():
+    project = PYPROJECT["project"]
+    reqs = list(project["dependencies"])
+    for name, extra in project["optional-dependencies"].items():
+        reqs += [r for r in extra if not r.startswith("dataferry")]
+    return reqs
+
+
+def test_dependencies_are_lower_bounded_never_pinned():
+    for req in _requirements():
+        assert ">=" in req, f"{req}: give a lower bound"
+        assert "==" not in req and "~=" not in req, f"{req}: never pin (Colab preinstalls many of these)"
+
+
+def test_environment_yml_lists_the_same_packages():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    listed = " ".join(env["dependencies"][:-1] + pip)
+    for req in _requirements():
+        name = re.split(r"[<>=\[ ]", req)[0]
+        assert name in listed, f"{name} is in pyproject.toml but not in environment.yml"
+
+
+def _pip_install(spec, target):
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), spec], check=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", "import dataferry, dataferry.lab, dataferry.cli; print(dataferry.__file__)"],
+        capture_output=True, text=True, env={"PYTHONPATH": str(target)}, check=True, timeout=60,
+    ).stdout
+
+
+def test_pip_install_from_folder(tmp_path):
+    where = _pip_install(str(ROOT / "helpers"), tmp_path / "t")
+    assert where.startswith(str(tmp_path / "t"))
+    assert (tmp_path / "t" / "bin" / "dataferry").exists(), "the console script is installed"
+
+
+def test_pip_install_from_git_subdirectory(tmp_path):
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout with commits")
+    where = _pip_install(f"dataferry @ git+file://{ROOT}#subdirectory=helpers", tmp_path / "t")
+    assert where.startswith(str(tmp_path / "t"))
+
+
+def test_console_script_runs():
+    out = subprocess.run([str(Path(sys.executable).parent / "dataferry"), "--version"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"dataferry {PYPROJECT['project']['version']}"

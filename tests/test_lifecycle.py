@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dataferry.lab import Lab, LabError, lab_processes
-from dataferry.mounts import fuse_mounts_under, fuse_status, is_mounted
+from dataferry.mounts import fuse_status, is_mounted
 
 
 def _fuse_mounts():

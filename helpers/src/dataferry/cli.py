@@ -1,5 +1,8 @@
 """The ``dataferry`` command. Only this module parses argv.
 
+    dataferry stage SOURCE --cache DIR               stage gs://bucket/prefix or a folder into a cache
+    dataferry cache inspect|verify|prune|clear DIR   look after a cache folder
+
     dataferry lab up [--profile NAME] [--port N]     start the offline lab (builds tools once)
     dataferry lab status [--json]                    what runs, where, under which profile
     dataferry lab profile [NAME]                     list profiles, or switch to NAME
@@ -105,6 +108,45 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stage(args: argparse.Namespace) -> int:
+    from dataferry.cache import Cache
+    from dataferry.sources import from_uri
+    from dataferry.stage import stage
+
+    cache = Cache(args.cache, max_bytes=args.max_bytes)
+    report = stage(from_uri(args.source), cache, workers=args.workers, rank=args.rank, world_size=args.world_size)
+    return 1 if report.failures else 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from dataferry.cache import Cache
+
+    cache = Cache(args.root)
+    if args.cache_command == "inspect":
+        print(cache)
+        rows = cache.entries()
+        by_source: dict[str, list[int]] = {}
+        for row in rows:
+            by_source.setdefault(row["source"], []).append(row["size"])
+        for source, sizes in by_source.items():
+            print(f"  {source}: {len(sizes)} objects, {sum(sizes) / 1e6:.1f} MB")
+        filling = sum(1 for r in rows if r["state"] == "filling")
+        if filling:
+            print(f"  {filling} fills in progress")
+    elif args.cache_command == "verify":
+        report = cache.verify()
+        for source, name, why in report.bad:
+            print(f"bad: {source}{name!r}: {why} (removed; it is fetched again on the next read)")
+        print(report)
+        return 0 if report.ok else 1
+    elif args.cache_command == "prune":
+        print(f"evicted {cache.prune(args.max_bytes)} entries; now {cache}")
+    elif args.cache_command == "clear":
+        cache.clear()
+        print(f"cleared; now {cache}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dataferry.lab.profiles import PROFILES
 
@@ -141,6 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
     labsub.add_parser("demo", help="a one-minute tour: API and gcsfuse reads under every profile")
     labsub.add_parser("build", help="build fake-gcs-server, toxiproxy and gcsfuse now")
     lab.set_defaults(func=cmd_lab)
+
+    st = sub.add_parser("stage", help="copy a bucket prefix or folder into a local cache, in parallel")
+    st.add_argument("source", help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
+    st.add_argument("--cache", required=True, help="cache folder")
+    st.add_argument("--workers", type=int, default=32)
+    st.add_argument("--max-bytes", type=float, help="cache budget in bytes")
+    st.add_argument("--rank", type=int, default=0)
+    st.add_argument("--world-size", type=int, default=1)
+    st.set_defaults(func=cmd_stage)
+
+    ca = sub.add_parser("cache", help="look after a cache folder")
+    casub = ca.add_subparsers(dest="cache_command", required=True)
+    for name, text in (("inspect", "entries and bytes per source"),
+                       ("verify", "re-check every entry's size and crc32c; remove bad ones (exit 1 if any)"),
+                       ("prune", "evict least-recently-used entries down to --max-bytes"),
+                       ("clear", "remove every entry")):
+        p = casub.add_parser(name, help=text)
+        p.add_argument("root", help="cache folder")
+        if name == "prune":
+            p.add_argument("--max-bytes", type=float, required=True)
+    ca.set_defaults(func=cmd_cache)
     return parser
 
 
@@ -151,10 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(name)s: %(message)s", stream=sys.stderr)
     from dataferry.lab.errors import LabError
     from dataferry.mounts import MountError
+    from dataferry.sources import SourceError
 
     try:
         return args.func(args)
-    except (LabError, MountError) as e:
+    except (LabError, MountError, SourceError, ValueError) as e:
         print(f"dataferry: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

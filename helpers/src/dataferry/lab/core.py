@@ -17,13 +17,16 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,10 @@ PROXY = "gcs"
 PROFILE_PREFIX = "profile_"
 LAB_ID_ENV = "DATAFERRY_LAB_ID"
 START_TIMEOUT_S = 30.0
+
+
+_ACCESS_LINE = re.compile(r'\\"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+\\" (?P<status>\d{3})')
+_MEDIA_PATH = re.compile(r"^/(?P<kind>download/)?storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)$")
 
 
 def default_state_dir() -> Path:
@@ -288,7 +295,8 @@ class Lab:
                 str(fake_gcs), "-scheme", "http", "-host", HOST, "-port", str(gcs_port),
                 # Clients dial the proxy, so that is the public host; XML-API reads 404 otherwise.
                 "-public-host", f"{HOST}:{proxy_port}", "-external-url", endpoint,
-                "-backend", "memory", "-log-level", "warn",
+                # info logs one access-log line per request: lab.requests() counts them.
+                "-backend", "memory", "-log-level", "info",
             ],
             "toxiproxy-server": [str(toxiproxy), "-host", HOST, "-port", str(api_port)],
         }
@@ -515,6 +523,27 @@ class Lab:
             if entry:
                 _stop(entry["pid"], state["gcsfuse"].get("path"))
                 self._write_state(state)
+
+    # -- what reached the server ----------------------------------------------------------------
+
+    def requests(self) -> list[tuple[str, str, int]]:
+        """Every request fake-gcs-server has answered so far, as (method, path?query, status)."""
+        logfile = Path(self._require()["run_dir"]) / "logs" / "fake-gcs-server.log"
+        out = []
+        for m in _ACCESS_LINE.finditer(logfile.read_text(errors="replace")):
+            out.append((m["method"], m["path"], int(m["status"])))
+        return out
+
+    def downloads(self, bucket: str) -> Counter[str]:
+        """How many media downloads (full or ranged) of each object of ``bucket`` the server served."""
+        counts: Counter[str] = Counter()
+        for method, path, status in self.requests():
+            url = urllib.parse.urlsplit(path)
+            m = _MEDIA_PATH.match(url.path)
+            if method == "GET" and m and m["bucket"] == bucket and status < 300 and (
+                    "alt=media" in url.query or m["kind"] == "download"):
+                counts[urllib.parse.unquote(m["object"])] += 1
+        return counts
 
     # -- reporting -----------------------------------------------------------------------------
 

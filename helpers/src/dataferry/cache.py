@@ -1,0 +1,602 @@
+"""A verified, crash-safe local cache of objects from a :class:`~dataferry.sources.Source`.
+
+Each object is stored once per machine under a name derived from (source, object name, version),
+never from the object name itself, so hostile names cannot reach outside the cache folder and a
+changed object is a different entry (never served stale). A fill downloads to a temp file in the
+cache folder while computing CRC32C, checks size and checksum, fsyncs, and renames into place:
+a file under ``objects/`` is always complete and verified, at any instant of a crash.
+
+Layout of the cache folder::
+
+    index.sqlite     entries: key, source, name, version, size, crc32c, state, pid, last_used (WAL)
+    objects/ab/KEY   complete objects
+    tmp/KEY.PID.part fills in progress (removed at the next open if PID is dead)
+    locks/abc.lock   fill locks, striped by key: one download per object per machine
+
+Many threads, DataLoader workers and processes may share one cache folder. Readers hold a
+shared ``flock`` on the object while they read; eviction takes it exclusively without waiting,
+so an entry that is being read is never evicted. Locks are released by the kernel when a
+process dies, so a crashed filler cannot wedge the others.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import io
+import os
+import shutil
+import sqlite3
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import BinaryIO
+
+import google_crc32c
+from filelock import FileLock, Timeout
+from google.api_core.exceptions import RetryError
+from google.api_core.retry import Retry
+
+from dataferry.sources import Entry, Source, SourceError, is_transient
+
+__all__ = ["Cache", "CacheStats", "VerifyReport", "ChecksumError", "CacheFullWarning", "DEFAULT_MIN_FREE_BYTES"]
+
+DEFAULT_MIN_FREE_BYTES = 1 << 30  # leave 1 GiB free on the cache's disk
+SCHEMA_VERSION = 1
+CHUNK = 1 << 20
+LOCK_STRIPES_HEX = 3  # 4096 fill-lock files
+TOUCH_FLUSH_EVERY = 256
+TOUCH_FLUSH_S = 2.0
+
+
+class ChecksumError(SourceError):
+    """An object's bytes did not match its checksum, every time it was downloaded."""
+
+
+class CacheFullWarning(UserWarning):
+    """An object could not fit in the cache's budget and was read straight from the source."""
+
+
+@dataclass
+class CacheStats:
+    """Counters of one process's use of a cache (each DataLoader worker keeps its own)."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_from_source: int = 0
+    bytes_from_cache: int = 0
+    evictions: int = 0
+    refetches: int = 0
+    retries: int = 0
+    streamed: int = 0
+    wait_s: float = 0.0
+    fetch_s: float = 0.0
+
+    def __repr__(self) -> str:
+        return (f"CacheStats(hits={self.hits}, misses={self.misses}, from_source={self.bytes_from_source / 1e6:.1f} MB, "
+                f"from_cache={self.bytes_from_cache / 1e6:.1f} MB, evictions={self.evictions}, "
+                f"refetches={self.refetches}, retries={self.retries}, streamed={self.streamed}, "
+                f"wait={self.wait_s:.2f} s, fetch={self.fetch_s:.2f} s)")
+
+
+@dataclass
+class VerifyReport:
+    """What :meth:`Cache.verify` checked and removed."""
+
+    checked: int = 0
+    bad: list[tuple[str, str, str]] = field(default_factory=list)  # (source, name, why)
+    orphans_removed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+    def __repr__(self) -> str:
+        return f"VerifyReport(checked={self.checked}, bad={len(self.bad)}, orphans_removed={self.orphans_removed})"
+
+
+class _Hashing:
+    """Writes through to ``out`` while computing CRC32C and counting bytes."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out, self.n, self.crc = out, 0, google_crc32c.Checksum()
+
+    def write(self, data: bytes) -> int:
+        self.out.write(data)
+        self.crc.update(data)
+        self.n += len(data)
+        return len(data)
+
+    def restart(self) -> None:
+        self.out.seek(0)
+        self.out.truncate()
+        self.n, self.crc = 0, google_crc32c.Checksum()
+
+
+def _b64(checksum: google_crc32c.Checksum) -> str:
+    return base64.b64encode(checksum.digest()).decode()
+
+
+def _file_crc(path: Path) -> tuple[int, str]:
+    """(size, base64 CRC32C) of a file, read in chunks."""
+    c, n = google_crc32c.Checksum(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            c.update(chunk)
+            n += len(chunk)
+    return n, _b64(c)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2] not in "ZX"
+    except OSError:
+        return False
+
+
+class Cache:
+    """A local cache folder of verified objects, with an optional byte budget and LRU eviction.
+
+    ``max_bytes`` caps the cache (None: no cap); ``min_free_bytes`` keeps that much free on its
+    disk. Both count fills in progress. Transient source errors are retried with backoff for up
+    to ``retry_deadline_s``; a checksum mismatch is refetched ``max_refetches`` times.
+
+        cache = Cache("/content/cache", max_bytes=50e9)
+        data = cache.read(source, "train/00001.jpg")     # downloads once, then local
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        max_bytes: int | float | None = None,
+        min_free_bytes: int | float = DEFAULT_MIN_FREE_BYTES,
+        *,
+        max_refetches: int = 2,
+        retry_deadline_s: float = 120.0,
+        lock_timeout_s: float = 3600.0,
+    ) -> None:
+        self.root = Path(root).absolute()
+        self.max_bytes = int(max_bytes) if max_bytes is not None else None
+        self.min_free_bytes = int(min_free_bytes)
+        self.max_refetches = max_refetches
+        self.retry_deadline_s = retry_deadline_s
+        self.lock_timeout_s = lock_timeout_s
+        for sub in ("objects", "tmp", "locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        tag = self.root / "CACHEDIR.TAG"
+        if not tag.exists():
+            tag.write_text("Signature: 8a477f597d28d172789f06886806bc55\n# dataferry cache: safe to delete\n")
+        self._init_process_state()
+        with self._db() as db:
+            db.executescript(
+                """
+                CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
+                CREATE TABLE IF NOT EXISTS entries (
+                    key TEXT PRIMARY KEY, source TEXT NOT NULL, name TEXT NOT NULL, version TEXT NOT NULL,
+                    size INTEGER NOT NULL, crc32c TEXT, state TEXT NOT NULL, pid INTEGER,
+                    created REAL NOT NULL, last_used REAL NOT NULL);
+                CREATE INDEX IF NOT EXISTS entries_lru ON entries (state, last_used);
+                """
+            )
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        self._recover()
+
+    # -- per-process state (connections and locks never cross fork or pickle) -------------------
+
+    def _init_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._local = threading.local()
+        self._mutex = threading.Lock()
+        self._touched: dict[str, float] = {}
+        self._last_flush = time.monotonic()
+        self._stats = CacheStats()
+
+    def __getstate__(self) -> dict:
+        keep = ("root", "max_bytes", "min_free_bytes", "max_refetches", "retry_deadline_s", "lock_timeout_s")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
+
+    def _db(self) -> sqlite3.Connection:
+        if self._pid != os.getpid():  # forked: start afresh, the parent's connections are not ours
+            self._init_process_state()
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+        return db
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _count(self, **delta: float) -> None:
+        with self._mutex:
+            for k, v in delta.items():
+                setattr(self._stats, k, getattr(self._stats, k) + v)
+
+    # -- keys and paths ---------------------------------------------------------------------
+
+    @staticmethod
+    def key(source: Source, entry: Entry) -> str:
+        """The entry's key: a hash of (source, name, version); object names never become paths."""
+        return hashlib.sha256(f"{source.uri}\0{entry.name}\0{entry.version}".encode()).hexdigest()
+
+    def _object_path(self, key: str) -> Path:
+        return self.root / "objects" / key[:2] / key
+
+    def _lock(self, key: str) -> FileLock:
+        return FileLock(str(self.root / "locks" / f"{key[:LOCK_STRIPES_HEX]}.lock"), poll_interval=0.005)
+
+    @staticmethod
+    def _entry(source: Source, item: Entry | str) -> Entry:
+        return item if isinstance(item, Entry) else source.stat(item)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def read(self, source: Source, item: Entry | str) -> bytes:
+        """The bytes of an object, from the cache, filling it first on a miss.
+
+        Given a name, the source is asked for its current version first (one metadata request),
+        so a changed object is never served stale; given an :class:`Entry`, that version is read.
+        """
+        entry = self._entry(source, item)
+        for _ in range(self.max_refetches + 2):
+            f = self._open_entry(source, entry)
+            if f is None:
+                return self._stream(source, entry)
+            with f:
+                data = f.read()
+            if len(data) == entry.size:
+                self._count(bytes_from_cache=len(data))
+                return data
+            self._discard(self.key(source, entry))
+            self._count(refetches=1)
+        raise ChecksumError(f"{source.uri}{entry.name}: the cached copy keeps coming back damaged")
+
+    def open(self, source: Source, item: Entry | str) -> BinaryIO:
+        """A binary file object on the cached copy, kept from eviction until it is closed."""
+        entry = self._entry(source, item)
+        f = self._open_entry(source, entry)
+        return f if f is not None else io.BytesIO(self._stream(source, entry))
+
+    def path(self, source: Source, item: Entry | str) -> Path:
+        """The cached file's path (filling it first). Not protected from eviction: prefer :meth:`open`."""
+        entry = self._entry(source, item)
+        if self.fill(source, entry) < 0:
+            raise OSError(f"{source.uri}{entry.name} ({entry.size} bytes) does not fit in the cache")
+        return self._object_path(self.key(source, entry))
+
+    def contains(self, source: Source, item: Entry) -> bool:
+        return self._object_path(self.key(source, item)).exists()
+
+    def _open_entry(self, source: Source, entry: Entry) -> BinaryIO | None:
+        """Open the cached copy with a shared lock (filling on a miss); None if it cannot fit."""
+        key = self.key(source, entry)
+        path = self._object_path(key)
+        hit = True
+        while True:
+            try:
+                f = open(path, "rb")
+            except FileNotFoundError:
+                hit = False
+                if self.fill(source, entry) < 0:
+                    return None
+                continue
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+            if os.fstat(f.fileno()).st_nlink == 0:  # evicted between open and lock: fill again
+                f.close()
+                continue
+            if hit:
+                self._count(hits=1)
+            self._touch(key)
+            return f
+
+    def _touch(self, key: str) -> None:
+        with self._mutex:
+            self._touched[key] = time.time()
+            due = len(self._touched) >= TOUCH_FLUSH_EVERY or time.monotonic() - self._last_flush > TOUCH_FLUSH_S
+        if due:
+            self._flush_touches()
+
+    def _flush_touches(self) -> None:
+        with self._mutex:
+            touched, self._touched = self._touched, {}
+            self._last_flush = time.monotonic()
+        if touched:
+            with self._write() as db:
+                db.executemany("UPDATE entries SET last_used = ? WHERE key = ?", [(t, k) for k, t in touched.items()])
+
+    # -- filling ----------------------------------------------------------------------------
+
+    def fill(self, source: Source, item: Entry | str) -> int:
+        """Make sure the object is cached. Returns the bytes downloaded (0 if it was already
+        there, -1 if it cannot fit in the budget). One download per object per machine: other
+        threads and processes asking for it at the same time wait for this one."""
+        entry = self._entry(source, item)
+        key = self.key(source, entry)
+        path = self._object_path(key)
+        if path.exists():
+            return 0
+        t0 = time.perf_counter()
+        lock = self._lock(key)
+        try:
+            lock.acquire(timeout=self.lock_timeout_s)
+        except Timeout:
+            raise SourceError(f"waited {self.lock_timeout_s:.0f} s for another fill of {source.uri}{entry.name}") from None
+        try:
+            self._count(wait_s=time.perf_counter() - t0)
+            if path.exists():
+                return 0
+            self._count(misses=1)
+            if not self._reserve(source, entry, key):
+                return -1
+            try:
+                return self._download_into_place(source, entry, key, path)
+            except BaseException:
+                with self._write() as db:
+                    db.execute("DELETE FROM entries WHERE key = ? AND state = 'filling'", (key,))
+                raise
+        finally:
+            lock.release()
+
+    def _download_into_place(self, source: Source, entry: Entry, key: str, path: Path) -> int:
+        tmp = self.root / "tmp" / f"{key}.{os.getpid()}.part"
+        t0 = time.perf_counter()
+        try:
+            with open(tmp, "wb") as f:
+                crc = self._download(source, entry, f)
+                f.flush()
+                os.fsync(f.fileno())
+            path.parent.mkdir(exist_ok=True)
+            os.replace(tmp, path)
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        finally:
+            tmp.unlink(missing_ok=True)
+        with self._write() as db:
+            db.execute("UPDATE entries SET state = 'ready', crc32c = ?, last_used = ? WHERE key = ?",
+                       (crc, time.time(), key))
+        self._count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
+        return entry.size
+
+    def _download(self, source: Source, entry: Entry, out: BinaryIO) -> str:
+        """Copy the object into ``out`` with retries (resuming) and checks; returns its CRC32C."""
+        writer = _Hashing(out)
+        for attempt in range(self.max_refetches + 1):
+            if attempt:
+                writer.restart()
+                self._count(refetches=1)
+            self._copy_with_retries(source, entry, writer)
+            got = _b64(writer.crc)
+            if writer.n != entry.size:
+                why = f"got {writer.n} bytes, expected {entry.size}"
+            elif entry.crc32c and got != entry.crc32c:
+                why = f"crc32c {got}, expected {entry.crc32c}"
+            else:
+                return got
+        raise ChecksumError(f"{source.uri}{entry.name}: {why} after {self.max_refetches + 1} downloads; "
+                            "the object or the connection is damaged. Nothing was cached.")
+
+    def _copy_with_retries(self, source: Source, entry: Entry, writer: _Hashing) -> None:
+        errors: list[BaseException] = []
+
+        def on_error(exc: BaseException) -> None:
+            errors.append(exc)
+            self._count(retries=1)
+
+        def attempt() -> None:
+            if writer.n < entry.size or entry.size == 0:
+                source.fetch(entry, writer, start=writer.n)
+
+        retry = Retry(predicate=is_transient, initial=0.1, maximum=5.0, multiplier=2.0,
+                      timeout=self.retry_deadline_s, on_error=on_error)
+        try:
+            retry(attempt)()
+        except RetryError as e:
+            raise SourceError(
+                f"{source.uri}{entry.name}: the source kept failing for {self.retry_deadline_s:.0f} s "
+                f"({len(errors)} attempts; last error: {e.cause!r}). Check the connection and try again; "
+                "nothing was cached.") from e.cause
+
+    def _stream(self, source: Source, entry: Entry) -> bytes:
+        warnings.warn(f"{source.uri}{entry.name} ({entry.size / 1e6:.1f} MB) does not fit in the cache "
+                      f"{self}; reading it straight from the source", CacheFullWarning, stacklevel=3)
+        buf = io.BytesIO()
+        self._download(source, entry, buf)
+        self._count(streamed=1, bytes_from_source=entry.size)
+        return buf.getvalue()
+
+    # -- budget -----------------------------------------------------------------------------
+
+    def _reserve(self, source: Source, entry: Entry, key: str) -> bool:
+        """Record a fill in progress, evicting least-recently-used entries to make room."""
+        self._flush_touches()
+        if self.max_bytes is not None and entry.size > self.max_bytes:
+            return False
+        with self._write() as db:
+            used, filling = db.execute(
+                "SELECT COALESCE(SUM(size), 0), COALESCE(SUM(CASE WHEN state = 'filling' THEN size END), 0) "
+                "FROM entries").fetchone()
+            free = shutil.disk_usage(self.root).free - filling
+
+            def short() -> int:
+                over_budget = used + entry.size - self.max_bytes if self.max_bytes is not None else 0
+                over_disk = self.min_free_bytes - (free - entry.size)
+                return max(over_budget, over_disk, 0)
+
+            if short():
+                for victim, size in db.execute(
+                        "SELECT key, size FROM entries WHERE state = 'ready' ORDER BY last_used").fetchall():
+                    if self._evict(db, victim):
+                        used -= size
+                        free += size
+                        if not short():
+                            break
+            if short():
+                return False
+            now = time.time()
+            db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?)",
+                       (key, source.uri, entry.name, entry.version, entry.size, os.getpid(), now, now))
+        return True
+
+    def _evict(self, db: sqlite3.Connection, key: str) -> bool:
+        """Remove one entry unless a reader holds it. Runs inside a write transaction."""
+        path = self._object_path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            path.unlink(missing_ok=True)
+            db.execute("DELETE FROM entries WHERE key = ?", (key,))
+        finally:
+            os.close(fd)
+        self._count(evictions=1)
+        return True
+
+    def _discard(self, key: str) -> None:
+        with self._write() as db:
+            self._object_path(key).unlink(missing_ok=True)
+            db.execute("DELETE FROM entries WHERE key = ?", (key,))
+
+    def prune(self, max_bytes: int | None = None) -> int:
+        """Evict least-recently-used entries (not those being read) until the cache holds at most
+        ``max_bytes`` (default: its budget). Returns how many were evicted."""
+        self._flush_touches()
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        if limit is None:
+            return 0
+        evicted = 0
+        with self._write() as db:
+            used = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
+            for victim, size in db.execute(
+                    "SELECT key, size FROM entries WHERE state = 'ready' ORDER BY last_used").fetchall():
+                if used <= limit:
+                    break
+                if self._evict(db, victim):
+                    used -= size
+                    evicted += 1
+        return evicted
+
+    # -- recovery and checks ----------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Clean what crashed processes left: dead fills' temp files and index rows."""
+        for tmp in (self.root / "tmp").iterdir():
+            try:
+                pid = int(tmp.name.split(".")[-2])
+            except (ValueError, IndexError):
+                pid = -1
+            if pid != os.getpid() and not _pid_alive(pid):
+                tmp.unlink(missing_ok=True)
+        with self._write() as db:
+            for key, pid, size, crc in db.execute(
+                    "SELECT key, pid, size, crc32c FROM entries WHERE state = 'filling'").fetchall():
+                if _pid_alive(pid):
+                    continue
+                path = self._object_path(key)
+                # Renamed into place but not yet marked ready: the file was verified before the
+                # rename, so a right-sized file is whole; anything else goes.
+                if path.exists() and path.stat().st_size == size:
+                    db.execute("UPDATE entries SET state = 'ready', crc32c = ? WHERE key = ?",
+                               (crc or _file_crc(path)[1], key))
+                else:
+                    path.unlink(missing_ok=True)
+                    db.execute("DELETE FROM entries WHERE key = ?", (key,))
+
+    def verify(self) -> VerifyReport:
+        """Re-read every cached object and check size and CRC32C; remove bad entries (they are
+        fetched again on the next read) and files the index does not know. Returns the report."""
+        self._flush_touches()
+        report = VerifyReport()
+        rows = self._db().execute(
+            "SELECT key, source, name, size, crc32c FROM entries WHERE state = 'ready'").fetchall()
+        known = set()
+        for key, source, name, size, crc in rows:
+            known.add(key)
+            report.checked += 1
+            try:
+                n, got = _file_crc(self._object_path(key))
+                why = (f"size {n}, expected {size}" if n != size
+                       else f"crc32c {got}, expected {crc}" if crc and got != crc else "")
+            except FileNotFoundError:
+                why = "file missing"
+            if why:
+                report.bad.append((source, name, why))
+                self._discard(key)
+        with self._write() as db:
+            filling = {k for (k,) in db.execute("SELECT key FROM entries WHERE state = 'filling'")}
+        for sub in (self.root / "objects").iterdir():
+            for path in sub.iterdir():
+                if path.name not in known and path.name not in filling:
+                    path.unlink(missing_ok=True)
+                    report.orphans_removed += 1
+        return report
+
+    def clear(self) -> None:
+        """Remove every entry (waiting for nothing: files being read stay readable until closed)."""
+        with self._write() as db:
+            db.execute("DELETE FROM entries WHERE state = 'ready'")
+            for sub in (self.root / "objects").iterdir():
+                shutil.rmtree(sub, ignore_errors=True)
+        with self._mutex:
+            self._touched.clear()
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def stats(self) -> CacheStats:
+        """This process's counters (a copy)."""
+        with self._mutex:
+            return CacheStats(**{f.name: getattr(self._stats, f.name) for f in fields(CacheStats)})
+
+    def usage(self) -> tuple[int, int]:
+        """(entries, bytes) in the cache, counting fills in progress."""
+        return self._db().execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries").fetchone()
+
+    def entries(self) -> list[dict]:
+        """Every index row, most recently used first (for inspection)."""
+        self._flush_touches()
+        cur = self._db().execute(
+            "SELECT source, name, version, size, crc32c, state, last_used FROM entries ORDER BY last_used DESC")
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def __repr__(self) -> str:
+        n, used = self.usage()
+        budget = f" of {self.max_bytes / 1e9:.2f} GB" if self.max_bytes is not None else ""
+        return f"<Cache {self.root}: {n} entries, {used / 1e9:.3f} GB{budget}>"
+

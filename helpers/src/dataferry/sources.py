@@ -1,0 +1,293 @@
+"""Where training bytes live: a folder (local disk, a Drive or gcsfuse mount) or a GCS bucket.
+
+A :class:`Source` lists :class:`Entry` rows (name, size, version, checksum) as a stream, and
+copies one entry's bytes into a file object, optionally from an offset so an interrupted copy
+can resume. The version pins the bytes: a GCS generation, or size + mtime + inode for a file, so
+a cache keyed by it never serves an object that has changed since.
+
+Names are untrusted input: a source refuses names that would leave its root.
+This module imports no other dataferry module.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import os
+import stat as statmod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol, runtime_checkable
+
+__all__ = ["Entry", "Source", "LocalSource", "GCSSource", "from_uri", "SourceError", "NotFoundAtSource",
+           "ChangedAtSource", "is_transient", "safe_name"]
+
+CHUNK = 1 << 20
+
+
+class SourceError(RuntimeError):
+    """A source could not list or read; the message names the object and what to do."""
+
+
+class NotFoundAtSource(SourceError, FileNotFoundError):
+    """The object (or the bucket or folder) does not exist."""
+
+
+class ChangedAtSource(SourceError):
+    """The object changed at the source since it was listed: list again to get the new version."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One object: ``name`` relative to the source root, ``size`` in bytes, ``version`` (GCS
+    generation, or size-mtime_ns-inode for files) and ``crc32c`` (base64, as GCS gives it) when known."""
+
+    name: str
+    size: int
+    version: str
+    crc32c: str | None = None
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the cache needs from a place where bytes live."""
+
+    uri: str
+
+    def list(self) -> Iterator[Entry]:
+        """Every entry, streamed in the source's order."""
+
+    def stat(self, name: str) -> Entry:
+        """The current entry for ``name``; :class:`NotFoundAtSource` if there is none."""
+
+    def fetch(self, entry: Entry, out: BinaryIO, start: int = 0) -> int:
+        """Write the bytes of ``entry`` from offset ``start`` to ``out``; return how many were written.
+        Raises :class:`ChangedAtSource` when that version is gone."""
+
+
+def safe_name(name: str) -> str:
+    """Check an untrusted object name for use under a root folder, or raise ``ValueError``.
+
+    Refuses NUL, absolute paths, empty names and any ``.``/``..`` component, so a joined path
+    cannot leave the root (control characters and unicode are fine: they stay inside)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"invalid object name {name!r}: empty")
+    if "\0" in name:
+        raise ValueError(f"invalid object name {name!r}: contains NUL")
+    if name.startswith("/"):
+        raise ValueError(f"invalid object name {name!r}: absolute paths are not allowed")
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise ValueError(f"invalid object name {name!r}: '.', '..' and empty path parts are not allowed")
+    return name
+
+
+def crc32c_b64(value: int) -> str:
+    return base64.b64encode(value.to_bytes(4, "big")).decode()
+
+
+# -- transient errors -----------------------------------------------------------------------------
+
+_TRANSIENT_ERRNOS = {errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED,
+                     errno.EPIPE, errno.EAGAIN}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying: 408/429/5xx, resets, timeouts, a FUSE mount that blinked."""
+    import requests
+    from google.api_core import exceptions as gexc
+
+    try:
+        from google.cloud.storage.exceptions import InvalidResponse
+    except ImportError:  # google-cloud-storage < 3
+        from google.resumable_media import InvalidResponse  # type: ignore[no-redef]
+
+    if isinstance(exc, gexc.GoogleAPICallError):
+        return getattr(exc, "code", None) in (408, 429, 500, 502, 503, 504)
+    if isinstance(exc, InvalidResponse):
+        status = getattr(exc.response, "status_code", None)
+        return status in (408, 429, 500, 502, 503, 504)
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)):
+        return True
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    return False
+
+
+# -- a folder ---------------------------------------------------------------------------------------
+
+
+class LocalSource:
+    """A folder: local disk, a Google Drive mount, a gcsfuse mount. Names are '/'-separated paths
+    relative to ``root``; symlinks that lead outside ``root`` are refused."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).absolute()
+        self.uri = self.root.as_uri()
+
+    def _path(self, name: str) -> Path:
+        path = self.root / safe_name(name)
+        real = os.path.realpath(path)
+        if not (real == str(self.root) or real.startswith(os.path.realpath(self.root) + os.sep)):
+            raise ValueError(f"invalid object name {name!r}: it leads outside {self.root}")
+        return path
+
+    @staticmethod
+    def _entry(name: str, st: os.stat_result) -> Entry:
+        return Entry(name, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}")
+
+    def list(self) -> Iterator[Entry]:
+        if not self.root.is_dir():
+            raise NotFoundAtSource(f"{self.root} is not a folder: check the path (is the drive mounted?)")
+        stack = [""]
+        while stack:
+            rel = stack.pop()
+            with os.scandir(self.root / rel if rel else self.root) as it:
+                for d in it:
+                    name = f"{rel}/{d.name}" if rel else d.name
+                    if d.is_dir(follow_symlinks=False):
+                        stack.append(name)
+                    elif d.is_file(follow_symlinks=False):
+                        yield self._entry(name, d.stat(follow_symlinks=False))
+
+    def stat(self, name: str) -> Entry:
+        try:
+            st = os.stat(self._path(name))
+        except FileNotFoundError:
+            raise NotFoundAtSource(f"{name!r} not found in {self.root}") from None
+        if not statmod.S_ISREG(st.st_mode):
+            raise NotFoundAtSource(f"{name!r} in {self.root} is not a regular file")
+        return self._entry(name, st)
+
+    def fetch(self, entry: Entry, out: BinaryIO, start: int = 0) -> int:
+        try:
+            f = open(self._path(entry.name), "rb")
+        except FileNotFoundError:
+            raise NotFoundAtSource(f"{entry.name!r} not found in {self.root}") from None
+        with f:
+            if self._entry(entry.name, os.fstat(f.fileno())).version != entry.version:
+                raise ChangedAtSource(f"{entry.name!r} in {self.root} changed since it was listed")
+            f.seek(start)
+            n = 0
+            while chunk := f.read(CHUNK):
+                out.write(chunk)
+                n += len(chunk)
+        return n
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LocalSource, (self.root,))
+
+    def __repr__(self) -> str:
+        return f"LocalSource({str(self.root)!r})"
+
+
+# -- a GCS bucket -------------------------------------------------------------------------------------
+
+
+class GCSSource:
+    """Objects under ``prefix`` in a GCS bucket, through google-cloud-storage.
+
+    Works unchanged against real GCS and the lab: without a ``client``, one is made per process
+    with ``storage.Client()``, which honours ``STORAGE_EMULATOR_HOST``. A given client is used in
+    the process that made it; a worker process (fork or spawn) makes its own from the same
+    project, credentials and endpoint. Clients are never pickled.
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", client: Any = None) -> None:
+        if not bucket or "/" in bucket:
+            raise ValueError(f"invalid bucket name {bucket!r}: give the bare name, e.g. 'my-data'")
+        self.bucket = bucket
+        self.prefix = prefix.lstrip("/")
+        self.uri = f"gs://{bucket}/{self.prefix}"
+        self._client = client
+        self._pid = os.getpid()
+        self._settings = None if client is None else {
+            "project": client.project, "credentials": client._credentials,
+            "client_options": {"api_endpoint": client.api_endpoint},
+        }
+
+    def _client_here(self) -> Any:
+        if self._client is None or self._pid != os.getpid():
+            from google.cloud import storage
+
+            self._client = storage.Client(**(self._settings or {}))
+            self._pid = os.getpid()
+        return self._client
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None, "_pid": None}
+
+    def _bucket(self) -> Any:
+        return self._client_here().bucket(self.bucket)
+
+    def _entry(self, blob: Any) -> Entry:
+        return Entry(blob.name[len(self.prefix):], blob.size, str(blob.generation), blob.crc32c)
+
+    def _missing(self, what: str) -> NotFoundAtSource:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            self._bucket().reload()
+        except NotFound:
+            return NotFoundAtSource(f"bucket gs://{self.bucket} does not exist (or you may not see it): "
+                                    "check the name and the project")
+        return NotFoundAtSource(f"{what} not found in gs://{self.bucket}/{self.prefix}")
+
+    def list(self) -> Iterator[Entry]:
+        from google.api_core.exceptions import NotFound
+
+        blobs = self._client_here().list_blobs(self.bucket, prefix=self.prefix or None, page_size=1000,
+                                               fields="items(name,size,generation,crc32c),nextPageToken")
+        try:
+            for blob in blobs:
+                if not blob.name.endswith("/"):  # folder placeholders hold no data
+                    yield self._entry(blob)
+        except NotFound:
+            raise self._missing("listing") from None
+
+    def stat(self, name: str) -> Entry:
+        blob = self._bucket().get_blob(self.prefix + name)
+        if blob is None:
+            raise self._missing(repr(name))
+        return self._entry(blob)
+
+    def fetch(self, entry: Entry, out: BinaryIO, start: int = 0) -> int:
+        from google.api_core.exceptions import NotFound
+
+        blob = self._bucket().blob(self.prefix + entry.name, generation=int(entry.version))
+        counter = _Counting(out)
+        if start >= entry.size:
+            return 0
+        try:
+            # One attempt: the caller retries (and resumes from the bytes it has) and checks the crc32c.
+            blob.download_to_file(counter, start=start or None, raw_download=True, checksum=None, retry=None)
+        except NotFound:
+            raise ChangedAtSource(
+                f"{'gs://' + self.bucket + '/' + self.prefix + entry.name!r} generation {entry.version} is gone: the object "
+                "changed or was deleted since it was listed; list again") from None
+        return counter.n
+
+    def __repr__(self) -> str:
+        return f"GCSSource({self.bucket!r}, {self.prefix!r})"
+
+
+class _Counting:
+    """A write-only file wrapper that counts bytes."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out, self.n = out, 0
+
+    def write(self, data: bytes) -> int:
+        self.out.write(data)
+        self.n += len(data)
+        return len(data)
+
+
+def from_uri(uri: str) -> LocalSource | GCSSource:
+    """``gs://bucket/prefix`` -> :class:`GCSSource`; anything else is a folder -> :class:`LocalSource`."""
+    if uri.startswith("gs://"):
+        bucket, _, prefix = uri[5:].partition("/")
+        return GCSSource(bucket, prefix)
+    return LocalSource(uri.removeprefix("file://"))

@@ -1,0 +1,320 @@
+"""The cache against the lab: verified fills, budget, eviction, corruption, changes, crashes, faults."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import google_crc32c
+import pytest
+
+from dataferry import Cache, GCSSource, LocalSource, stage
+from dataferry.cache import CacheFullWarning
+from dataferry.lab import Profile, plan_dataset
+from dataferry.sources import ChangedAtSource, Entry, SourceError
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.fixture
+def lab_env(lab, monkeypatch):
+    """Point google-cloud-storage (here and in child processes) at the lab, as a user would."""
+    for k, v in lab.env().items():
+        monkeypatch.setenv(k, v)
+    return lab
+
+
+@pytest.fixture
+def dataset(lab_env, lab_bucket):
+    ds = plan_dataset(40, 50_000, prefix="ds", seed=11, shard_bytes=None).upload(lab_bucket)
+    return ds, GCSSource(lab_bucket.name, "ds/files/")
+
+
+def test_read_fills_once_then_hits_byte_exact(lab, dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c")
+    entries = list(source.list())
+    assert len(entries) == 40 and all(e.crc32c for e in entries)
+    for e in entries:
+        assert cache.read(source, e) == ds.content(e.name)
+    for e in entries:
+        assert cache.read(source, e) == ds.content(e.name)
+    s = cache.stats()
+    assert (s.misses, s.hits, s.bytes_from_source) == (40, 40, 40 * 50_000)
+    assert set(lab.downloads(source.bucket).values()) == {1}, "each object downloaded exactly once"
+    assert cache.usage() == (40, 40 * 50_000)
+
+
+def test_reopened_cache_reuses_every_entry(dataset, tmp_path):
+    ds, source = dataset
+    stage(source, Cache(tmp_path / "c"), progress=False)
+    again = Cache(tmp_path / "c")
+    assert stage(source, again, progress=False).fetched == 0
+    assert again.read(source, next(iter(source.list()))) and again.stats().misses == 0
+
+
+def test_overwritten_object_is_never_served_stale(lab, dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c")
+    name = ds.object_names[0].removeprefix("ds/files/")
+    assert cache.read(source, name) == ds.content(name)
+    lab.client().bucket(source.bucket).blob("ds/files/" + name).upload_from_string(b"version two")
+    assert cache.read(source, name) == b"version two"  # by name: the current version
+    assert cache.read(source, name) == b"version two"
+
+
+def test_reading_a_listed_version_that_is_gone_says_so(lab, dataset, tmp_path):
+    ds, source = dataset
+    old = source.stat(ds.object_names[1].removeprefix("ds/files/"))
+    lab.client().bucket(source.bucket).blob("ds/files/" + old.name).upload_from_string(b"new")
+    with pytest.raises(ChangedAtSource, match="is gone: the object changed or was deleted since it was listed"):
+        Cache(tmp_path / "c").read(source, old)
+    assert Cache(tmp_path / "c").usage() == (0, 0), "nothing half-written"
+
+
+def test_corrupted_file_is_flagged_by_verify_and_refetched(lab, dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c")
+    stage(source, cache, progress=False)
+    victim = cache.entries()[0]
+    path = next(p for p in (tmp_path / "c" / "objects").rglob("*")
+                if p.is_file() and p.name == Cache.key(source, Entry(victim["name"], 0, victim["version"])))
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF  # a flipped bit, same size
+    path.write_bytes(bytes(data))
+    report = cache.verify()
+    assert [(name, why.split()[0]) for _, name, why in report.bad] == [(victim["name"], "crc32c")]
+    assert report.checked == 40
+    before = lab.downloads(source.bucket)["ds/files/" + victim["name"]]
+    assert cache.read(source, victim["name"]) == ds.content(victim["name"])
+    assert lab.downloads(source.bucket)["ds/files/" + victim["name"]] == before + 1
+    assert cache.verify().ok
+
+
+def test_truncated_file_is_refetched_on_read_without_verify(dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c")
+    e = next(iter(source.list()))
+    cache.read(source, e)
+    path = cache.path(source, e)
+    path.write_bytes(path.read_bytes()[:10])
+    assert cache.read(source, e) == ds.content(e.name)
+    assert cache.stats().refetches == 1
+
+
+def test_budget_holds_and_lru_evicts(dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c", max_bytes=400_000)  # room for 8 of 40 objects
+    entries = sorted(source.list(), key=lambda e: e.name)
+    for e in entries:
+        assert cache.read(source, e) == ds.content(e.name)
+        assert cache.usage()[1] <= 400_000
+    assert cache.stats().evictions == 32
+    assert {r["name"] for r in cache.entries()} == {e.name for e in entries[-8:]}, "the 8 most recent stay"
+
+
+def test_entry_held_open_survives_eviction(dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c", max_bytes=200_000)
+    entries = sorted(source.list(), key=lambda e: e.name)
+    held = cache.open(source, entries[0])
+    for e in entries[1:]:
+        cache.read(source, e)
+    assert cache.contains(source, entries[0]), "an open reader keeps its entry"
+    assert held.read() == ds.content(entries[0].name)
+    held.close()
+    for e in entries[1:5]:
+        cache.read(source, e)
+    assert not cache.contains(source, entries[0]), "once closed it can be evicted"
+
+
+def test_object_larger_than_budget_streams_with_warning(dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c", max_bytes=10_000)
+    e = next(iter(source.list()))
+    with pytest.warns(CacheFullWarning, match="does not fit in the cache"):
+        assert cache.read(source, e) == ds.content(e.name)
+    assert cache.usage() == (0, 0) and cache.stats().streamed == 1
+
+
+def test_full_disk_streams_instead_of_filling(dataset, tmp_path):
+    ds, source = dataset
+    import shutil
+
+    cache = Cache(tmp_path / "c", min_free_bytes=shutil.disk_usage(tmp_path).free + 10**9)
+    e = next(iter(source.list()))
+    with pytest.warns(CacheFullWarning):
+        assert cache.read(source, e) == ds.content(e.name)
+    assert list((tmp_path / "c" / "objects").rglob("*.part")) == []
+    assert cache.usage() == (0, 0)
+
+
+def test_eight_processes_fetch_each_object_exactly_once(lab, lab_env, lab_bucket, tmp_path):
+    lab.set_profile(Profile("test-latency", 20, None))  # so that the processes really overlap
+    ds = plan_dataset(200, 20_000, prefix="p", seed=5, shard_bytes=None).upload(lab_bucket)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, SCRIPTS / "read_all.py", lab_bucket.name, "p/files/",
+                               str(tmp_path / "cache"), str(go), str(tmp_path / f"out{i}")])
+             for i in range(8)]
+    time.sleep(2)
+    go.touch()
+    assert [p.wait(timeout=300) for p in procs] == [0] * 8
+    expected = {k: google_crc32c.value(ds.content(k)) for k in ds.sizes}
+    for i in range(8):
+        got = dict(line.split() for line in (tmp_path / f"out{i}").read_text().splitlines())
+        assert {k: int(v) for k, v in got.items()} == expected
+    counts = lab.downloads(lab_bucket.name)
+    assert len(counts) == 200 and set(counts.values()) == {1}
+
+
+def test_sigkilled_staging_leaves_nothing_bad_and_restaging_fetches_only_the_rest(lab, lab_env, lab_bucket, tmp_path):
+    lab.set_profile(Profile("test-kill", 10, 40))
+    sizes = [20_000] * 30 + [400_000] * 10  # small and large, so kills land mid-file too
+    ds = plan_dataset(len(sizes), 1, prefix="k", seed=8, shard_bytes=None)
+    ds.sizes = dict(zip(ds.sizes, sizes))
+    ds.upload(lab_bucket)
+    root = tmp_path / "cache"
+    rng = random.Random(1234)
+    kills = 0
+    while kills < 20:
+        p = subprocess.Popen([sys.executable, SCRIPTS / "stage_into.py", lab_bucket.name, "k/files/", str(root), "4"])
+        time.sleep(rng.uniform(0.3, 1.5))  # past the imports, somewhere in the staging
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            kills += 1
+        p.wait()
+        cache = Cache(root)
+        assert cache.verify().ok, f"a bad entry after kill {kills}"
+        assert list((root / "tmp").iterdir()) == [], "temp files of the dead process are cleaned at open"
+        if len(cache.entries()) == len(sizes):  # it finished: start over so every kill interrupts work
+            cache.clear()
+    cache = Cache(root)
+    have = {r["name"] for r in cache.entries()}
+    before = lab.downloads(lab_bucket.name)
+    report = stage(GCSSource(lab_bucket.name, "k/files/"), cache, progress=False)
+    assert report.fetched == len(sizes) - len(have) and not report.failures
+    after = lab.downloads(lab_bucket.name)
+    newly = {n.removeprefix("k/files/") for n in after if after[n] > before.get(n, 0)}
+    assert newly == set(ds.sizes) - have, "only the missing objects were downloaded"
+    for key in ds.sizes:
+        assert cache.read(GCSSource(lab_bucket.name, "k/files/"), key) == ds.content(key)
+
+
+def test_connection_resets_are_retried_and_bytes_stay_right(lab, lab_env, lab_bucket, tmp_path):
+    ds = plan_dataset(30, 300_000, prefix="r", seed=3, shard_bytes=None).upload(lab_bucket)
+    source = GCSSource(lab_bucket.name, "r/files/")
+    entries = list(source.list())  # listed before the faults: this is about the downloads
+    lab.set_profile(Profile("test-slow", 0, 20))  # 15 ms per object, so resets land mid-transfer
+    lab.toxiproxy.add_toxic("gcs", {"name": "resets", "type": "reset_peer", "stream": "downstream",
+                                    "toxicity": 0.4, "attributes": {"timeout": 5}})
+    try:
+        cache = Cache(tmp_path / "c", retry_deadline_s=60)
+        report = stage(source, cache, entries, workers=4, progress=False)
+    finally:
+        lab.toxiproxy.remove_toxic("gcs", "resets")
+    assert report.failures == [] and report.fetched == 30
+    assert cache.stats().retries > 0
+    for e in entries:
+        assert cache.read(source, e) == ds.content(e.name)
+    assert cache.verify().ok
+
+
+def test_source_that_stays_down_fails_clearly_within_the_deadline(lab, lab_env, dataset, tmp_path):
+    ds, source = dataset
+    e = next(iter(source.list()))
+    cache = Cache(tmp_path / "c", retry_deadline_s=3)
+    lab.toxiproxy.add_toxic("gcs", {"name": "down", "type": "reset_peer", "toxicity": 1.0, "attributes": {"timeout": 0}})
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match=r"kept failing for 3 s .*nothing was cached"):
+            cache.read(source, e)
+        assert time.monotonic() - t0 < 15
+    finally:
+        lab.toxiproxy.remove_toxic("gcs", "down")
+    assert cache.usage() == (0, 0)
+    assert list((tmp_path / "c" / "tmp").iterdir()) == []
+    assert cache.read(source, e) == ds.content(e.name), "and works again once the source is back"
+
+
+def test_checksum_mismatch_is_refetched_then_named(dataset, tmp_path):
+    ds, source = dataset
+    good = next(iter(source.list()))
+    lying = Entry(good.name, good.size, good.version, "AAAAAA==")  # a checksum the bytes never match
+    cache = Cache(tmp_path / "c", max_refetches=2)
+    with pytest.raises(SourceError, match=rf"{good.name}: crc32c .* expected AAAAAA== after 3 downloads"):
+        cache.read(source, lying)
+    assert cache.stats().refetches == 2 and cache.usage() == (0, 0)
+
+
+HOSTILE = ["../../escape.bin", "/etc/passwd-like", "a/../../../up.bin", "ctl\x01\x1f\x7fname",
+           "x" * 1000 + ".bin", "données/日本語/ファイル.bin", "./dot", "spaces and\ttabs", "nul\0name"]
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p) for p in root.rglob("*")}
+
+
+def test_hostile_object_names_stay_inside_the_cache(lab, lab_env, lab_bucket, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    bucket = lab.client().bucket(lab_bucket.name)
+    for i, name in enumerate(HOSTILE):
+        bucket.blob(name).upload_from_string(f"payload {i}".encode())
+    source = GCSSource(lab_bucket.name)
+    listed = {e.name for e in source.list()}
+    assert listed == set(HOSTILE)
+    outside = _tree(tmp_path) - _tree(work)
+    cache = Cache(work / "cache")
+    report = stage(source, cache, progress=False)
+    assert report.failures == [] and report.fetched == len(HOSTILE)
+    for i, name in enumerate(HOSTILE):
+        assert cache.read(source, name) == f"payload {i}".encode()
+    assert _tree(tmp_path) - _tree(work) == outside, "nothing was created outside the cache"
+    for p in (work / "cache").rglob("*"):
+        assert os.path.realpath(p).startswith(str(work / "cache"))
+
+
+def test_hostile_names_in_a_local_source(tmp_path):
+    root = tmp_path / "data"
+    (root / "sub").mkdir(parents=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside")
+    (root / "ctl\x01name").write_bytes(b"one")
+    (root / "sub" / "日本語.bin").write_bytes(b"two")
+    (root / ("y" * 255)).write_bytes(b"three")
+    (root / "link").symlink_to(secret)
+    source = LocalSource(root)
+    cache = Cache(tmp_path / "cache")
+    assert cache.read(source, "ctl\x01name") == b"one"
+    assert cache.read(source, "sub/日本語.bin") == b"two"
+    assert cache.read(source, "y" * 255) == b"three"
+    assert {e.name for e in source.list()} == {"ctl\x01name", "sub/日本語.bin", "y" * 255}, "symlinks are not listed"
+    for bad in ["../secret.txt", "/etc/passwd", "sub/../../secret.txt", "a\0b", "link", "", "x" * 1024]:
+        with pytest.raises((ValueError, OSError)):
+            cache.read(source, bad)
+    assert secret.read_text() == "outside"
+
+
+def test_local_source_change_is_a_new_version(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "f.bin").write_bytes(b"one")
+    source, cache = LocalSource(root), Cache(tmp_path / "cache")
+    assert cache.read(source, "f.bin") == b"one"
+    time.sleep(0.01)
+    (root / "f.bin").write_bytes(b"two!")
+    assert cache.read(source, "f.bin") == b"two!"
+
+
+def test_missing_bucket_and_folder_are_clear(lab_env, tmp_path):
+    from dataferry.sources import NotFoundAtSource
+
+    with pytest.raises(NotFoundAtSource, match="bucket gs://no-such-bucket does not exist"):
+        list(GCSSource("no-such-bucket").list())
+    with pytest.raises(NotFoundAtSource, match="is not a folder"):
+        list(LocalSource(tmp_path / "nope").list())
+    with pytest.raises(ValueError, match="give the bare name"):
+        GCSSource("gs://bucket/prefix")

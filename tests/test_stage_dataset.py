@@ -1,0 +1,168 @@
+"""Staging (threads, ranks under torchrun), prefetch, the PyTorch Dataset in worker processes, the CLI."""
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+from dataferry import Cache, CachedDataset, GCSSource, LocalSource, Prefetcher, stage
+from dataferry.lab import Profile, plan_dataset
+from dataferry.stage import shard_of
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.fixture
+def lab_env(lab, monkeypatch):
+    for k, v in lab.env().items():
+        monkeypatch.setenv(k, v)
+    return lab
+
+
+@pytest.fixture
+def dataset(lab_env, lab_bucket):
+    ds = plan_dataset(48, 30_000, prefix="d", seed=21, shard_bytes=None).upload(lab_bucket)
+    return ds, GCSSource(lab_bucket.name, "d/files/")
+
+
+def test_stage_reports_and_progress(dataset, tmp_path, capsys):
+    ds, source = dataset
+    report = stage(source, Cache(tmp_path / "c"), workers=8, progress=True)
+    assert (report.files, report.fetched, report.already_cached) == (48, 48, 0)
+    assert report.bytes_fetched == report.bytes_total == 48 * 30_000 and report.MBps > 0
+    captured = capsys.readouterr()
+    assert "staged 48 files: 48 downloaded (1.4 MB), 0 already cached" in captured.out
+    assert "staging gs://" in captured.err, "a tqdm progress bar was shown"
+    again = stage(source, Cache(tmp_path / "c"), names=list(ds.sizes)[:5], progress=False)
+    assert (again.files, again.fetched, again.already_cached) == (5, 0, 5)
+
+
+def test_stage_lists_failures_without_stopping(dataset, tmp_path):
+    ds, source = dataset
+    report = stage(source, Cache(tmp_path / "c"), names=[*list(ds.sizes)[:3], "no/such/object"], progress=False)
+    assert report.fetched == 3
+    assert [n for n, _ in report.failures] == ["no/such/object"]
+    assert "not found" in report.failures[0][1]
+    assert "1 failures" in str(report) and "failed: no/such/object" in str(report)
+
+
+def test_rank_shares_cover_everything_once(dataset, tmp_path):
+    ds, source = dataset
+    names = [set(), set(), set()]
+    for rank in range(3):
+        cache = Cache(tmp_path / f"r{rank}")
+        stage(source, cache, rank=rank, world_size=3, progress=False)
+        names[rank] = {r["name"] for r in cache.entries()}
+        assert all(shard_of(n, 3) == rank for n in names[rank])
+    assert set().union(*names) == set(ds.sizes) and sum(map(len, names)) == 48
+    with pytest.raises(ValueError, match="rank must be in"):
+        stage(source, Cache(tmp_path / "x"), rank=3, world_size=3)
+
+
+def test_two_ranks_under_torchrun_on_gloo(dataset, tmp_path):
+    ds, source = dataset
+    out = tmp_path / "gathered.json"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", str(SCRIPTS / "torchrun_stage.py"),
+                           source.bucket, source.prefix, str(tmp_path / "caches"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gathered = json.loads(out.read_text())
+    assert [g["rank"] for g in gathered] == [0, 1] and all(g["world"] == 2 for g in gathered)
+    a, b = (set(g["names"]) for g in gathered)
+    assert a and b and not (a & b), "each rank staged its own share"
+    assert a | b == set(ds.sizes)
+    assert [g["fetched"] for g in gathered] == [len(a), len(b)]
+
+
+def test_prefetcher_fills_exactly_ahead_of_the_reader(dataset, tmp_path):
+    ds, source = dataset
+    order = sorted(source.list(), key=lambda e: e.name)
+    cache = Cache(tmp_path / "c")
+    pf = Prefetcher(source, cache, order, ahead=10, workers=4)
+    pf.advance(0)
+    pf.advance(5)
+    pf.wait()
+    pf.close()
+    assert [cache.contains(source, e) for e in order] == [True] * 15 + [False] * 33
+    assert pf.errors == []
+
+
+def test_dataset_reads_through_cache_with_prefetching_sampler(lab, dataset, tmp_path):
+    ds, source = dataset
+    lab.set_profile(Profile("test-prefetch", 20, None))
+    cache = Cache(tmp_path / "c")
+    dataset = CachedDataset(source, cache)
+    assert len(dataset) == 48 and dataset.total_bytes == 48 * 30_000
+    sampler = dataset.prefetching(RandomSampler(dataset, generator=torch.Generator().manual_seed(0)), ahead=16)
+    seen = {}
+    for i in sampler:
+        seen[i] = dataset[i]
+    assert len(seen) == 48
+    for i, data in seen.items():
+        assert data == ds.content(dataset.entries[i].name)
+    assert set(lab.downloads(source.bucket).values()) == {1}
+    assert sampler.prefetcher.errors == []
+
+
+def _decode(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data[:8]), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+@pytest.mark.parametrize("with_client", [False, True], ids=["default-client", "given-client"])
+def test_dataloader_workers_fork_and_spawn(lab, dataset, tmp_path, start, with_client):
+    ds, source = dataset
+    if with_client:
+        source = GCSSource(source.bucket, source.prefix, client=lab.client())
+    dataset = CachedDataset(source, Cache(tmp_path / "c"), decode=_decode)
+    pickle.dumps(dataset)  # what spawn does: no live client, connection or lock inside
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=start)
+    batches = list(loader)
+    got = torch.cat(batches)
+    want = torch.stack([_decode(ds.content(e.name)) for e in dataset.entries])
+    assert torch.equal(got, want)
+    assert len(Cache(tmp_path / "c").entries()) == 48
+    assert set(lab.downloads(source.bucket).values()) == {1}
+
+
+def test_dataset_over_a_local_folder(tmp_path):
+    ds = plan_dataset(6, 100, seed=1, shard_bytes=None).write_to(tmp_path / "src")
+    dataset = CachedDataset(LocalSource(tmp_path / "src" / "data" / "files"), Cache(tmp_path / "c"))
+    assert [dataset[i] for i in range(6)] == [ds.content(k) for k in sorted(ds.sizes)]
+    assert "6 samples" in repr(dataset)
+
+
+def test_dataset_reads_a_replaced_object_in_its_new_version(lab, dataset, tmp_path):
+    ds, source = dataset
+    dataset = CachedDataset(source, Cache(tmp_path / "c"))
+    lab.client().bucket(source.bucket).blob(source.prefix + dataset.entries[0].name).upload_from_string(b"v2")
+    assert dataset[0] == b"v2"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "dataferry.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_stage_and_cache_commands(dataset, tmp_path):
+    ds, source = dataset
+    root = str(tmp_path / "c")
+    proc = _cli("stage", f"gs://{source.bucket}/{source.prefix}", "--cache", root, "--workers", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert "staged 48 files: 48 downloaded" in proc.stdout
+    inspect = _cli("cache", "inspect", root).stdout
+    assert "48 entries" in inspect and f"gs://{source.bucket}/{source.prefix}: 48 objects, 1.4 MB" in inspect
+    assert _cli("cache", "verify", root).returncode == 0
+    victim = next(p for p in (tmp_path / "c" / "objects").rglob("*") if p.is_file())
+    victim.write_bytes(b"garbage")
+    bad = _cli("cache", "verify", root)
+    assert bad.returncode == 1 and "bad: gs://" in bad.stdout and "size 7, expected 30000" in bad.stdout
+    assert "evicted 37 entries" in _cli("cache", "prune", root, "--max-bytes", "300000").stdout
+    assert "0 entries" in _cli("cache", "clear", root).stdout
+    missing = _cli("stage", str(tmp_path / "nope"), "--cache", root)
+    assert missing.returncode == 2 and "is not a folder" in missing.stderr and "Traceback" not in missing.stderr

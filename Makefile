@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export DATAFERRY_TOOLS ?= $(CURDIR)/build/tools
 PYTEST_ARGS ?=
 
-.PHONY: venv tools test lab lab-down clean
+.PHONY: venv tools test lab lab-down bench-cache clean
 
 $(STAMP): helpers/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dataferry needs Python >= 3.10; set PYTHON=python3.x")'
@@ -28,6 +28,9 @@ test: tools
 
 lab: tools
 	$(VENV)/bin/dataferry lab demo
+
+bench-cache: tools
+	$(VENV)/bin/dataferry bench-cache --out build/bench/cache.json
 
 lab-down: venv
 	$(VENV)/bin/dataferry lab down

@@ -203,20 +203,27 @@ def test_sigkilled_staging_leaves_nothing_bad_and_restaging_fetches_only_the_res
         assert cache.read(GCSSource(lab_bucket.name, "k/files/"), key) == ds.content(key)
 
 
-def test_connection_resets_are_retried_and_bytes_stay_right(lab, lab_env, lab_bucket, tmp_path):
-    ds = plan_dataset(30, 300_000, prefix="r", seed=3, shard_bytes=None).upload(lab_bucket)
+def test_connection_resets_are_retried_resumed_and_bytes_stay_right(lab, lab_env, lab_bucket, tmp_path):
+    ds = plan_dataset(24, 1_000_000, prefix="r", seed=3, shard_bytes=None).upload(lab_bucket)
     source = GCSSource(lab_bucket.name, "r/files/")
     entries = list(source.list())  # listed before the faults: this is about the downloads
-    lab.set_profile(Profile("test-slow", 0, 20))  # 15 ms per object, so resets land mid-transfer
-    lab.toxiproxy.add_toxic("gcs", {"name": "resets", "type": "reset_peer", "stream": "downstream",
-                                    "toxicity": 0.4, "attributes": {"timeout": 5}})
+    # Half of all connections are reset as they open, and every connection is cut after 1.5 MB,
+    # so connections are not reused for long, and some downloads stop mid-object and must resume.
+    faults = [{"name": "resets", "type": "reset_peer", "stream": "downstream", "toxicity": 0.5,
+               "attributes": {"timeout": 0}},
+              {"name": "cuts", "type": "limit_data", "stream": "downstream", "toxicity": 1.0,
+               "attributes": {"bytes": 1_500_000}}]
+    for toxic in faults:
+        lab.toxiproxy.add_toxic("gcs", toxic)
     try:
         cache = Cache(tmp_path / "c", retry_deadline_s=60)
         report = stage(source, cache, entries, workers=4, progress=False)
     finally:
-        lab.toxiproxy.remove_toxic("gcs", "resets")
-    assert report.failures == [] and report.fetched == 30
+        for toxic in faults:
+            lab.toxiproxy.remove_toxic("gcs", toxic["name"])
+    assert report.failures == [] and report.fetched == 24
     assert cache.stats().retries > 0
+    assert any(status == 206 for _, _, status in lab.requests()), "cut downloads resumed with a Range"
     for e in entries:
         assert cache.read(source, e) == ds.content(e.name)
     assert cache.verify().ok

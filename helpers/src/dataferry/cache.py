@@ -21,6 +21,7 @@ process dies, so a crashed filler cannot wedge the others.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import fcntl
@@ -29,16 +30,18 @@ import io
 import os
 import shutil
 import sqlite3
+import queue
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import google_crc32c
-from filelock import FileLock, Timeout
 from google.api_core.exceptions import RetryError
 from google.api_core.retry import Retry
 
@@ -50,8 +53,8 @@ DEFAULT_MIN_FREE_BYTES = 1 << 30  # leave 1 GiB free on the cache's disk
 SCHEMA_VERSION = 1
 CHUNK = 1 << 20
 LOCK_STRIPES_HEX = 3  # 4096 fill-lock files
-TOUCH_FLUSH_EVERY = 256
-TOUCH_FLUSH_S = 2.0
+FLUSH_EVERY = 256
+FLUSH_S = 2.0
 
 
 class ChecksumError(SourceError):
@@ -132,6 +135,24 @@ def _file_crc(path: Path) -> tuple[int, str]:
     return n, _b64(c)
 
 
+def _flush_at_exit(ref: weakref.ref) -> None:
+    cache = ref()
+    if cache is not None and cache._pid == os.getpid():
+        with contextlib.suppress(Exception):
+            cache._flush()
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """Read a whole file of expected ``size`` (one syscall when it is that size)."""
+    data = os.read(fd, size + 1)
+    if len(data) == size + 1 or len(data) == 0 or len(data) == size:
+        return data
+    parts = [data]
+    while chunk := os.read(fd, CHUNK):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -145,6 +166,100 @@ def _pid_alive(pid: int) -> bool:
         return stat[stat.rindex(")") + 2] not in "ZX"
     except OSError:
         return False
+
+
+class _IndexWriter:
+    """One thread per process applies index writes in batches ("group commit").
+
+    Under a pool of staging threads, a write per fill serialises every fill behind the GIL: each
+    sqlite call releases it, and taking it back can wait a whole switch interval. Here a batch
+    of any size costs a handful of sqlite calls. Reservations wait for their answer; finished
+    fills and LRU times are fire-and-forget (a crash before they are written leaves rows that
+    ``Cache._recover`` completes at the next open).
+    """
+
+    def __init__(self, cache: Cache) -> None:
+        self._cache = cache
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
+        self._thread.start()
+
+    def reserve(self, row: tuple) -> bool:
+        fut: Future = Future()
+        self._queue.put(("reserve", row, fut))
+        return fut.result()
+
+    def ready(self, crc: str, when: float, key: str) -> None:
+        self._queue.put(("ready", (crc, when, key), None))
+
+    def touch(self, touched: dict[str, float]) -> None:
+        self._queue.put(("touch", touched, None))
+
+    def flush(self) -> None:
+        fut: Future = Future()
+        self._queue.put(("flush", None, fut))
+        fut.result()
+
+    def _run(self) -> None:
+        db = self._cache._connect()
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < 4096:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                with self._cache._write(db):
+                    answers = self._apply(db, batch)
+            except BaseException as e:  # noqa: BLE001 - every waiter hears about it
+                for _, _, fut in batch:
+                    if fut is not None and not fut.done():
+                        fut.set_exception(e)
+                continue
+            for fut, answer in answers:
+                fut.set_result(answer)
+
+    def _apply(self, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
+        cache = self._cache
+        ready = [args for kind, args, _ in batch if kind == "ready"]
+        touched: dict[str, float] = {}
+        for kind, args, _ in batch:
+            if kind == "touch":
+                touched.update(args)
+        # Finished fills and recent uses first, so the LRU order below is current.
+        db.executemany("UPDATE entries SET state = 'ready', crc32c = ?, last_used = ? WHERE key = ?", ready)
+        db.executemany("UPDATE entries SET last_used = ? WHERE key = ?", [(t, k) for k, t in touched.items()])
+        answers: list[tuple[Future, Any]] = [(fut, None) for kind, _, fut in batch if kind == "flush"]
+        wants = [(args, fut) for kind, args, fut in batch if kind == "reserve"]
+        if not wants:
+            return answers
+        used, filling = db.execute("SELECT bytes, filling_bytes FROM usage").fetchone()
+        free = shutil.disk_usage(cache.root).free - filling
+        victims = None
+        accepted = []
+        for row, fut in wants:
+            size = row[4]
+
+            def short() -> int:
+                over_budget = used + size - cache.max_bytes if cache.max_bytes is not None else 0
+                return max(over_budget, cache.min_free_bytes - (free - size), 0)
+
+            if short():
+                victims = victims or cache._lru(db)
+                for victim, vsize in victims:
+                    if cache._evict(db, victim):
+                        used, free = used - vsize, free + vsize
+                        if not short():
+                            break
+            if short():
+                answers.append((fut, False))
+                continue
+            used, free = used + size, free - size
+            accepted.append(row)
+            answers.append((fut, True))
+        db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?)", accepted)
+        return answers
 
 
 class Cache:
@@ -166,15 +281,16 @@ class Cache:
         *,
         max_refetches: int = 2,
         retry_deadline_s: float = 120.0,
-        lock_timeout_s: float = 3600.0,
     ) -> None:
         self.root = Path(root).absolute()
         self.max_bytes = int(max_bytes) if max_bytes is not None else None
         self.min_free_bytes = int(min_free_bytes)
         self.max_refetches = max_refetches
         self.retry_deadline_s = retry_deadline_s
-        self.lock_timeout_s = lock_timeout_s
-        for sub in ("objects", "tmp", "locks"):
+        self._objects = str(self.root / "objects")
+        self._locks = str(self.root / "locks")
+        self._tmp = str(self.root / "tmp")
+        for sub in ("tmp", "locks", *(f"objects/{i:02x}" for i in range(256))):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         tag = self.root / "CACHEDIR.TAG"
         if not tag.exists():
@@ -189,6 +305,24 @@ class Cache:
                     size INTEGER NOT NULL, crc32c TEXT, state TEXT NOT NULL, pid INTEGER,
                     created REAL NOT NULL, last_used REAL NOT NULL);
                 CREATE INDEX IF NOT EXISTS entries_lru ON entries (state, last_used);
+                -- Running totals, kept by triggers so that no fill has to sum the whole index.
+                CREATE TABLE IF NOT EXISTS usage (
+                    id INTEGER PRIMARY KEY CHECK (id = 1), entries INTEGER NOT NULL,
+                    bytes INTEGER NOT NULL, filling_bytes INTEGER NOT NULL);
+                INSERT OR IGNORE INTO usage VALUES (1, 0, 0, 0);
+                CREATE TRIGGER IF NOT EXISTS entries_insert AFTER INSERT ON entries BEGIN
+                    UPDATE usage SET entries = entries + 1, bytes = bytes + NEW.size,
+                        filling_bytes = filling_bytes + (NEW.state = 'filling') * NEW.size;
+                END;
+                CREATE TRIGGER IF NOT EXISTS entries_delete AFTER DELETE ON entries BEGIN
+                    UPDATE usage SET entries = entries - 1, bytes = bytes - OLD.size,
+                        filling_bytes = filling_bytes - (OLD.state = 'filling') * OLD.size;
+                END;
+                CREATE TRIGGER IF NOT EXISTS entries_update AFTER UPDATE OF size, state ON entries BEGIN
+                    UPDATE usage SET bytes = bytes - OLD.size + NEW.size,
+                        filling_bytes = filling_bytes - (OLD.state = 'filling') * OLD.size
+                                                      + (NEW.state = 'filling') * NEW.size;
+                END;
                 """
             )
             db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
@@ -200,12 +334,25 @@ class Cache:
         self._pid = os.getpid()
         self._local = threading.local()
         self._mutex = threading.Lock()
+        self._writer = threading.RLock()
         self._touched: dict[str, float] = {}
-        self._last_flush = time.monotonic()
+        self._last_flush = time.time()
         self._stats = CacheStats()
+        self._index_writer: _IndexWriter | None = None
+        atexit.register(_flush_at_exit, weakref.ref(self))
+
+    @property
+    def _index(self) -> _IndexWriter:
+        if self._pid != os.getpid():
+            self._init_process_state()
+        if self._index_writer is None:
+            with self._mutex:
+                if self._index_writer is None:
+                    self._index_writer = _IndexWriter(self)
+        return self._index_writer
 
     def __getstate__(self) -> dict:
-        keep = ("root", "max_bytes", "min_free_bytes", "max_refetches", "retry_deadline_s", "lock_timeout_s")
+        keep = ("root", "_objects", "_locks", "_tmp", "max_bytes", "min_free_bytes", "max_refetches", "retry_deadline_s")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
@@ -217,22 +364,29 @@ class Cache:
             self._init_process_state()
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            self._local.db = db
+            db = self._local.db = self._connect()
+        return db
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None,
+                             check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA recursive_triggers=ON")  # so REPLACE's delete keeps the totals right
         return db
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+    def _write(self, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        """A write transaction (on this thread's connection unless one is given)."""
+        db = db or self._db()
+        with self._writer:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def _count(self, **delta: float) -> None:
         with self._mutex:
@@ -246,11 +400,22 @@ class Cache:
         """The entry's key: a hash of (source, name, version); object names never become paths."""
         return hashlib.sha256(f"{source.uri}\0{entry.name}\0{entry.version}".encode()).hexdigest()
 
-    def _object_path(self, key: str) -> Path:
-        return self.root / "objects" / key[:2] / key
+    def _object_path(self, key: str) -> str:
+        return f"{self._objects}/{key[:2]}/{key}"
 
-    def _lock(self, key: str) -> FileLock:
-        return FileLock(str(self.root / "locks" / f"{key[:LOCK_STRIPES_HEX]}.lock"), poll_interval=0.005)
+    @contextlib.contextmanager
+    def _fill_lock(self, key: str) -> Iterator[None]:
+        """The fill lock of ``key``'s stripe, across threads and processes.
+
+        A plain blocking ``flock`` (filelock's polling and fork bookkeeping serialise a pool of
+        staging threads): a waiter sleeps in the kernel and wakes the moment the holder is done,
+        and the kernel drops the lock when a holder dies, so a crash never wedges the others."""
+        fd = os.open(f"{self._locks}/{key[:LOCK_STRIPES_HEX]}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _entry(source: Source, item: Entry | str) -> Entry:
@@ -263,39 +428,39 @@ class Cache:
 
         Given a name, the source is asked for its current version first (one metadata request),
         so a changed object is never served stale; given an :class:`Entry`, that version is read.
+        A cached copy of the wrong size is dropped and fetched again.
         """
         entry = self._entry(source, item)
-        for _ in range(self.max_refetches + 2):
-            f = self._open_entry(source, entry)
-            if f is None:
-                return self._stream(source, entry)
-            with f:
-                data = f.read()
+        key = self.key(source, entry)
+        path = self._object_path(key)
+        hit = True
+        for _ in range(self.max_refetches + 3):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                hit = False
+                if self.fill(source, entry) < 0:
+                    return self._stream(source, entry)
+                continue
+            # No lock needed: eviction only unlinks, and an open descriptor still reads every byte.
+            try:
+                data = _read_all(fd, entry.size)
+            finally:
+                os.close(fd)
             if len(data) == entry.size:
-                self._count(bytes_from_cache=len(data))
+                with self._mutex:
+                    self._stats.hits += hit
+                    self._stats.bytes_from_cache += len(data)
+                self._touch(key)
                 return data
-            self._discard(self.key(source, entry))
+            self._discard(key)
             self._count(refetches=1)
+            hit = False
         raise ChecksumError(f"{source.uri}{entry.name}: the cached copy keeps coming back damaged")
 
     def open(self, source: Source, item: Entry | str) -> BinaryIO:
         """A binary file object on the cached copy, kept from eviction until it is closed."""
         entry = self._entry(source, item)
-        f = self._open_entry(source, entry)
-        return f if f is not None else io.BytesIO(self._stream(source, entry))
-
-    def path(self, source: Source, item: Entry | str) -> Path:
-        """The cached file's path (filling it first). Not protected from eviction: prefer :meth:`open`."""
-        entry = self._entry(source, item)
-        if self.fill(source, entry) < 0:
-            raise OSError(f"{source.uri}{entry.name} ({entry.size} bytes) does not fit in the cache")
-        return self._object_path(self.key(source, entry))
-
-    def contains(self, source: Source, item: Entry) -> bool:
-        return self._object_path(self.key(source, item)).exists()
-
-    def _open_entry(self, source: Source, entry: Entry) -> BinaryIO | None:
-        """Open the cached copy with a shared lock (filling on a miss); None if it cannot fit."""
         key = self.key(source, entry)
         path = self._object_path(key)
         hit = True
@@ -305,31 +470,44 @@ class Cache:
             except FileNotFoundError:
                 hit = False
                 if self.fill(source, entry) < 0:
-                    return None
+                    return io.BytesIO(self._stream(source, entry))
                 continue
-            fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # eviction skips entries with a reader
             if os.fstat(f.fileno()).st_nlink == 0:  # evicted between open and lock: fill again
                 f.close()
                 continue
-            if hit:
-                self._count(hits=1)
+            self._count(hits=int(hit))
             self._touch(key)
             return f
 
-    def _touch(self, key: str) -> None:
-        with self._mutex:
-            self._touched[key] = time.time()
-            due = len(self._touched) >= TOUCH_FLUSH_EVERY or time.monotonic() - self._last_flush > TOUCH_FLUSH_S
-        if due:
-            self._flush_touches()
+    def path(self, source: Source, item: Entry | str) -> Path:
+        """The cached file's path (filling it first). Not protected from eviction: prefer :meth:`open`."""
+        entry = self._entry(source, item)
+        if self.fill(source, entry) < 0:
+            raise OSError(f"{source.uri}{entry.name} ({entry.size} bytes) does not fit in the cache")
+        return Path(self._object_path(self.key(source, entry)))
 
-    def _flush_touches(self) -> None:
+    def contains(self, source: Source, item: Entry) -> bool:
+        return os.path.exists(self._object_path(self.key(source, item)))
+
+    def _touch(self, key: str) -> None:
+        """Note a use for LRU; sent to the index writer in batches, not on every hit."""
+        now = time.time()
+        self._touched[key] = now
+        if len(self._touched) >= FLUSH_EVERY or now - self._last_flush > FLUSH_S:
+            with self._mutex:
+                touched, self._touched = self._touched, {}
+                self._last_flush = now
+            self._index.touch(touched)
+
+    def _flush(self) -> None:
+        """Wait until every pending index write of this process is applied."""
         with self._mutex:
             touched, self._touched = self._touched, {}
-            self._last_flush = time.monotonic()
         if touched:
-            with self._write() as db:
-                db.executemany("UPDATE entries SET last_used = ? WHERE key = ?", [(t, k) for k, t in touched.items()])
+            self._index.touch(touched)
+        if self._index_writer is not None or touched:
+            self._index.flush()
 
     # -- filling ----------------------------------------------------------------------------
 
@@ -340,17 +518,12 @@ class Cache:
         entry = self._entry(source, item)
         key = self.key(source, entry)
         path = self._object_path(key)
-        if path.exists():
+        if os.path.exists(path):
             return 0
         t0 = time.perf_counter()
-        lock = self._lock(key)
-        try:
-            lock.acquire(timeout=self.lock_timeout_s)
-        except Timeout:
-            raise SourceError(f"waited {self.lock_timeout_s:.0f} s for another fill of {source.uri}{entry.name}") from None
-        try:
+        with self._fill_lock(key):
             self._count(wait_s=time.perf_counter() - t0)
-            if path.exists():
+            if os.path.exists(path):
                 return 0
             self._count(misses=1)
             if not self._reserve(source, entry, key):
@@ -361,29 +534,24 @@ class Cache:
                 with self._write() as db:
                     db.execute("DELETE FROM entries WHERE key = ? AND state = 'filling'", (key,))
                 raise
-        finally:
-            lock.release()
 
-    def _download_into_place(self, source: Source, entry: Entry, key: str, path: Path) -> int:
-        tmp = self.root / "tmp" / f"{key}.{os.getpid()}.part"
+    def _download_into_place(self, source: Source, entry: Entry, key: str, path: str) -> int:
+        """Download to a temp file, verify, fsync, rename into place. The rename is atomic, so
+        ``objects/`` only ever holds whole, verified files. (The folder is not fsynced: after a
+        power cut a just-renamed file may be missing, never partial; it is fetched again.)"""
+        tmp = f"{self._tmp}/{key}.{os.getpid()}.part"
         t0 = time.perf_counter()
         try:
             with open(tmp, "wb") as f:
                 crc = self._download(source, entry, f)
                 f.flush()
                 os.fsync(f.fileno())
-            path.parent.mkdir(exist_ok=True)
             os.replace(tmp, path)
-            dfd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        finally:
-            tmp.unlink(missing_ok=True)
-        with self._write() as db:
-            db.execute("UPDATE entries SET state = 'ready', crc32c = ?, last_used = ? WHERE key = ?",
-                       (crc, time.time(), key))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        self._index.ready(crc, time.time(), key)
         self._count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
         return entry.size
 
@@ -438,38 +606,31 @@ class Cache:
 
     def _reserve(self, source: Source, entry: Entry, key: str) -> bool:
         """Record a fill in progress, evicting least-recently-used entries to make room."""
-        self._flush_touches()
         if self.max_bytes is not None and entry.size > self.max_bytes:
             return False
-        with self._write() as db:
-            used, filling = db.execute(
-                "SELECT COALESCE(SUM(size), 0), COALESCE(SUM(CASE WHEN state = 'filling' THEN size END), 0) "
-                "FROM entries").fetchone()
-            free = shutil.disk_usage(self.root).free - filling
+        now = time.time()
+        return self._index.reserve((key, source.uri, entry.name, entry.version, entry.size, os.getpid(), now, now))
 
-            def short() -> int:
-                over_budget = used + entry.size - self.max_bytes if self.max_bytes is not None else 0
-                over_disk = self.min_free_bytes - (free - entry.size)
-                return max(over_budget, over_disk, 0)
-
-            if short():
-                for victim, size in db.execute(
-                        "SELECT key, size FROM entries WHERE state = 'ready' ORDER BY last_used").fetchall():
-                    if self._evict(db, victim):
-                        used -= size
-                        free += size
-                        if not short():
-                            break
-            if short():
-                return False
-            now = time.time()
-            db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?)",
-                       (key, source.uri, entry.name, entry.version, entry.size, os.getpid(), now, now))
-        return True
+    @staticmethod
+    def _lru(db: sqlite3.Connection, batch: int = 256) -> Iterator[tuple[str, int]]:
+        """Ready entries, least recently used first, fetched in batches."""
+        last = -1.0
+        while True:
+            rows = db.execute("SELECT key, size, last_used FROM entries WHERE state = 'ready' AND last_used >= ? "
+                              "ORDER BY last_used LIMIT ?", (last, batch)).fetchall()
+            if not rows:
+                return
+            for key, size, used in rows:
+                yield key, size
+            if len(rows) < batch:
+                return
+            last = rows[-1][2]
 
     def _evict(self, db: sqlite3.Connection, key: str) -> bool:
         """Remove one entry unless a reader holds it. Runs inside a write transaction."""
         path = self._object_path(key)
+        if not db.execute("SELECT 1 FROM entries WHERE key = ? AND state = 'ready'", (key,)).fetchone():
+            return False  # already gone (the batch is a snapshot)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -481,7 +642,8 @@ class Cache:
             os.close(fd)
             return False
         try:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
             db.execute("DELETE FROM entries WHERE key = ?", (key,))
         finally:
             os.close(fd)
@@ -490,21 +652,21 @@ class Cache:
 
     def _discard(self, key: str) -> None:
         with self._write() as db:
-            self._object_path(key).unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._object_path(key))
             db.execute("DELETE FROM entries WHERE key = ?", (key,))
 
     def prune(self, max_bytes: int | None = None) -> int:
         """Evict least-recently-used entries (not those being read) until the cache holds at most
         ``max_bytes`` (default: its budget). Returns how many were evicted."""
-        self._flush_touches()
+        self._flush()
         limit = self.max_bytes if max_bytes is None else max_bytes
         if limit is None:
             return 0
         evicted = 0
         with self._write() as db:
-            used = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
-            for victim, size in db.execute(
-                    "SELECT key, size FROM entries WHERE state = 'ready' ORDER BY last_used").fetchall():
+            used = db.execute("SELECT bytes FROM usage").fetchone()[0]
+            for victim, size in self._lru(db):
                 if used <= limit:
                     break
                 if self._evict(db, victim):
@@ -528,7 +690,7 @@ class Cache:
                     "SELECT key, pid, size, crc32c FROM entries WHERE state = 'filling'").fetchall():
                 if _pid_alive(pid):
                     continue
-                path = self._object_path(key)
+                path = Path(self._object_path(key))
                 # Renamed into place but not yet marked ready: the file was verified before the
                 # rename, so a right-sized file is whole; anything else goes.
                 if path.exists() and path.stat().st_size == size:
@@ -541,7 +703,7 @@ class Cache:
     def verify(self) -> VerifyReport:
         """Re-read every cached object and check size and CRC32C; remove bad entries (they are
         fetched again on the next read) and files the index does not know. Returns the report."""
-        self._flush_touches()
+        self._flush()
         report = VerifyReport()
         rows = self._db().execute(
             "SELECT key, source, name, size, crc32c FROM entries WHERE state = 'ready'").fetchall()
@@ -569,10 +731,12 @@ class Cache:
 
     def clear(self) -> None:
         """Remove every entry (waiting for nothing: files being read stay readable until closed)."""
+        self._flush()
         with self._write() as db:
             db.execute("DELETE FROM entries WHERE state = 'ready'")
             for sub in (self.root / "objects").iterdir():
-                shutil.rmtree(sub, ignore_errors=True)
+                for path in sub.iterdir():
+                    path.unlink(missing_ok=True)
         with self._mutex:
             self._touched.clear()
 
@@ -585,11 +749,11 @@ class Cache:
 
     def usage(self) -> tuple[int, int]:
         """(entries, bytes) in the cache, counting fills in progress."""
-        return self._db().execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries").fetchone()
+        return self._db().execute("SELECT entries, bytes FROM usage").fetchone()
 
     def entries(self) -> list[dict]:
         """Every index row, most recently used first (for inspection)."""
-        self._flush_touches()
+        self._flush()
         cur = self._db().execute(
             "SELECT source, name, version, size, crc32c, state, last_used FROM entries ORDER BY last_used DESC")
         cols = [c[0] for c in cur.description]

@@ -2,6 +2,7 @@
 
     dataferry stage SOURCE --cache DIR               stage gs://bucket/prefix or a folder into a cache
     dataferry cache inspect|verify|prune|clear DIR   look after a cache folder
+    dataferry bench-cache [--out FILE]               benchmark the cache in the lab
 
     dataferry lab up [--profile NAME] [--port N]     start the offline lab (builds tools once)
     dataferry lab status [--json]                    what runs, where, under which profile
@@ -147,6 +148,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_cache(args: argparse.Namespace) -> int:
+    from dataferry.bench import bench_cache
+
+    bench_cache(args.out, repeats=args.repeats, large_bytes=int(args.large_mib) << 20)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dataferry.lab.profiles import PROFILES
 
@@ -204,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "prune":
             p.add_argument("--max-bytes", type=float, required=True)
     ca.set_defaults(func=cmd_cache)
+
+    bc = sub.add_parser("bench-cache", help="benchmark the cache in a lab of its own (a few minutes)")
+    bc.add_argument("--out", default="build/bench/cache.json")
+    bc.add_argument("--repeats", type=int, default=5)
+    bc.add_argument("--large-mib", type=int, default=1024, help="size of the large object")
+    bc.set_defaults(func=cmd_bench_cache)
     return parser
 
 

@@ -94,7 +94,10 @@ _TRANSIENT_ERRNOS = {errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.ECONNRESE
 
 def is_transient(exc: BaseException) -> bool:
     """True for errors worth retrying: 408/429/5xx, resets, timeouts, a FUSE mount that blinked."""
+    import http.client
+
     import requests
+    import urllib3
     from google.api_core import exceptions as gexc
 
     try:
@@ -107,7 +110,9 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, InvalidResponse):
         status = getattr(exc.response, "status_code", None)
         return status in (408, 429, 500, 502, 503, 504)
-    if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)):
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                        urllib3.exceptions.ProtocolError, urllib3.exceptions.TimeoutError,
+                        urllib3.exceptions.NewConnectionError, http.client.HTTPException)):
         return True
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
@@ -201,7 +206,7 @@ class GCSSource:
         self.bucket = bucket
         self.prefix = prefix.lstrip("/")
         self.uri = f"gs://{bucket}/{self.prefix}"
-        self._client = client
+        self._client = _tuned(client) if client is not None else None
         self._pid = os.getpid()
         self._settings = None if client is None else {
             "project": client.project, "credentials": client._credentials,
@@ -212,7 +217,7 @@ class GCSSource:
         if self._client is None or self._pid != os.getpid():
             from google.cloud import storage
 
-            self._client = storage.Client(**(self._settings or {}))
+            self._client = _tuned(storage.Client(**(self._settings or {})))
             self._pid = os.getpid()
         return self._client
 
@@ -271,6 +276,28 @@ class GCSSource:
 
     def __repr__(self) -> str:
         return f"GCSSource({self.bucket!r}, {self.prefix!r})"
+
+
+_PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+POOL_SIZE = 64
+
+
+def _tuned(client: Any) -> Any:
+    """Let one client serve many threads: a connection pool as large as a staging pool, and (when
+    no proxy variable is set) no per-request scan of the environment, which costs requests
+    ~0.7 ms of CPU per call; a CA bundle named in the environment is applied once instead."""
+    import requests
+
+    session = client._http
+    for scheme in ("https://", "http://"):
+        if type(session.get_adapter(scheme)) is requests.adapters.HTTPAdapter:  # leave mTLS adapters be
+            session.mount(scheme, requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=POOL_SIZE))
+    if not any(os.environ.get(v) or os.environ.get(v.lower()) for v in _PROXY_ENV):
+        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+        if bundle and session.verify is True:
+            session.verify = bundle  # what trust_env would have applied on every request
+        session.trust_env = False
+    return client
 
 
 class _Counting:

@@ -55,6 +55,7 @@ CHUNK = 1 << 20
 LOCK_STRIPES_HEX = 3  # 4096 fill-lock files
 FLUSH_EVERY = 256
 FLUSH_S = 2.0
+IDLE_CHECK_S = 5.0
 
 
 class ChecksumError(SourceError):
@@ -179,7 +180,7 @@ class _IndexWriter:
     """
 
     def __init__(self, cache: Cache) -> None:
-        self._cache = cache
+        self._cache_ref = weakref.ref(cache)  # the thread must not keep its cache alive
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
         self._thread.start()
@@ -201,27 +202,40 @@ class _IndexWriter:
         fut.result()
 
     def _run(self) -> None:
-        db = self._cache._connect()
-        while True:
-            batch = [self._queue.get()]
+        cache = self._cache_ref()
+        db = cache._connect() if cache is not None else None
+        del cache
+        while db is not None:
+            try:
+                batch = [self._queue.get(timeout=IDLE_CHECK_S)]
+            except queue.Empty:
+                if self._cache_ref() is None:  # the cache is gone: so is this thread
+                    db.close()
+                    return
+                continue
             while len(batch) < 4096:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            cache = self._cache_ref()
             try:
-                with self._cache._write(db):
-                    answers = self._apply(db, batch)
+                if cache is None:
+                    raise RuntimeError("the cache was closed")
+                with cache._write(db):
+                    answers = self._apply(cache, db, batch)
             except BaseException as e:  # noqa: BLE001 - every waiter hears about it
                 for _, _, fut in batch:
                     if fut is not None and not fut.done():
                         fut.set_exception(e)
                 continue
+            finally:
+                del cache
             for fut, answer in answers:
                 fut.set_result(answer)
 
-    def _apply(self, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
-        cache = self._cache
+    @staticmethod
+    def _apply(cache: Cache, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
         ready = [args for kind, args, _ in batch if kind == "ready"]
         touched: dict[str, float] = {}
         for kind, args, _ in batch:

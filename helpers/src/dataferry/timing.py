@@ -1,22 +1,30 @@
-"""The timing harness: cache-state control for honest cold and warm measurements.
+"""The timing harness: cache-state control, timed reads, and result files.
 
 A "cold" read means the kernel's page cache holds none of the file. :func:`evict` drops a
-set of files from the page cache (``posix_fadvise(DONTNEED)`` per file; no root needed) and
-:func:`resident_fraction` checks with ``mincore`` that it worked, so a measurement can say
-``cold_verified`` instead of hoping. See MEASUREMENT.md for the rules this module follows.
+set of files from the page cache (``posix_fadvise(DONTNEED)`` per file, no root needed, or
+``drop_caches`` when writable) and checks with ``mincore`` that it worked, so a row can say
+``cold_verified`` instead of hoping. :func:`timed_read` times the same spans for every method,
+and :class:`Results` appends rows to CSV as they are measured. See MEASUREMENT.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import ctypes
 import ctypes.util
+import json
 import mmap
 import os
+import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-__all__ = ["evict", "resident_fraction", "EvictionReport"]
+__all__ = ["evict", "resident_fraction", "EvictionReport", "drop_caches", "timed_read", "Spans", "Results",
+           "load_results", "COLUMNS", "CACHE_STATES", "SCHEMA_VERSION"]
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -66,8 +74,26 @@ class EvictionReport:
         return "cold_verified" if self.verified else "cold_unverified"
 
 
-def evict(paths: Iterable[str | os.PathLike[str]], verify: bool = True) -> EvictionReport:
-    """Drop ``paths`` from the page cache with ``posix_fadvise(DONTNEED)`` and check with mincore."""
+def drop_caches(level: int = 1) -> bool:
+    """``sync; echo LEVEL > /proc/sys/vm/drop_caches`` (1: page cache, 2: dentries and inodes,
+    3: both). Returns False, doing nothing, where that file is not writable (not root, a container)."""
+    if level not in (1, 2, 3) or not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        return False
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write(str(level))
+    except OSError:
+        return False
+    return True
+
+
+def evict(paths: Iterable[str | os.PathLike[str]], verify: bool = True, global_level: int | None = None) -> EvictionReport:
+    """Drop ``paths`` from the page cache and check with mincore which still have pages resident.
+
+    Per file with ``posix_fadvise(DONTNEED)``; with ``global_level`` also through drop_caches
+    when it is writable (e.g. 3 for a fully cold start: metadata too). Works on local files and
+    FUSE mounts; it does not reach gcsfuse's own file cache (remount with an empty cache dir)."""
     paths = list(paths)
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
@@ -77,5 +103,154 @@ def evict(paths: Iterable[str | os.PathLike[str]], verify: bool = True) -> Evict
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+    method = "posix_fadvise(DONTNEED) per file"
+    if global_level is not None and drop_caches(global_level):
+        method += f" + drop_caches={global_level}"
     resident = sum(1 for p in paths if resident_fraction(p) > 0) if verify else len(paths)
-    return EvictionReport(len(paths), "posix_fadvise(DONTNEED) per file", resident)
+    return EvictionReport(len(paths), method, resident)
+
+
+# -- timed reads and result rows ---------------------------------------------------------------
+
+SCHEMA_VERSION = 1
+
+#: One row per timed operation (long format). Units are in the names: ``*_ns`` nanoseconds,
+#: ``bytes``, ``MBps`` = 10^6 bytes/s. ``pass`` 1 is the first read; ``phase`` says what was
+#: timed: ``read`` (open..close of one file), ``download`` (an API download), ``stage`` (a
+#: parallel copy into the cache), ``list`` (metadata listing), ``epoch`` (a whole pass: the
+#: per-epoch aggregate sum(bytes) / wall time, including any download or staging it needed).
+COLUMNS = [
+    "run_id", "time_utc", "method", "region", "region_source", "runtime", "file", "file_bytes", "bytes",
+    "pass", "repeat", "cache_state", "eviction", "concurrency", "phase",
+    "open_ns", "first_byte_ns", "read_ns", "close_ns", "ns", "MBps", "retries", "error",
+]
+CACHE_STATES = ("cold_verified", "cold_unverified", "page_warm", "daemon_warm", "local_copy")
+CHUNK = 1 << 20
+
+
+@dataclass
+class Spans:
+    """The same spans for every method: open, first byte, whole read, close (``perf_counter_ns``).
+    ``read_ns`` runs from the end of open to the last byte, so it includes ``first_byte_ns``."""
+
+    bytes: int
+    open_ns: int
+    first_byte_ns: int
+    read_ns: int
+    close_ns: int
+
+    @property
+    def ns(self) -> int:
+        return self.open_ns + self.read_ns + self.close_ns
+
+    @property
+    def MBps(self) -> float:
+        return self.bytes / self.ns * 1e3 if self.ns else float("nan")
+
+
+def timed_read(path: str | os.PathLike[str], chunk: int = CHUNK) -> Spans:
+    """Read a whole file (local, Drive or gcsfuse mount) and time its spans; bytes are what the
+    reads returned."""
+    t0 = time.perf_counter_ns()
+    fd = os.open(path, os.O_RDONLY)
+    t1 = time.perf_counter_ns()
+    try:
+        n = len(os.read(fd, chunk))
+        t2 = time.perf_counter_ns()
+        while data := os.read(fd, chunk):
+            n += len(data)
+        t3 = time.perf_counter_ns()
+    finally:
+        os.close(fd)
+    t4 = time.perf_counter_ns()
+    return Spans(n, t1 - t0, t2 - t1, t3 - t1, t4 - t3)
+
+
+class Results:
+    """Rows appended to ``results.csv`` as they are measured, with ``run_meta.json`` beside them,
+    so a disconnect loses nothing that was measured. Rows are dicts with :data:`COLUMNS`."""
+
+    def __init__(self, folder: str | os.PathLike[str], meta: dict[str, Any] | None = None,
+                 run_id: str | None = None) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.run_id = run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
+        self.csv_path = self.folder / "results.csv"
+        self.meta_path = self.folder / "run_meta.json"
+        self.meta = {"schema_version": SCHEMA_VERSION, "run_id": self.run_id, "columns": COLUMNS,
+                     "started_utc": _now(), "command": sys.argv, **(meta or {})}
+        self.write_meta()
+        new = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
+        self._file = open(self.csv_path, "a", newline="")
+        self._csv = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="raise")
+        if new:
+            self._csv.writeheader()
+            self._file.flush()
+        self.count = 0
+
+    def write_meta(self, **more: Any) -> None:
+        """Update ``run_meta.json`` (atomically)."""
+        self.meta.update(more)
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.meta, indent=1, default=str))
+        os.replace(tmp, self.meta_path)
+
+    def add(self, **values: Any) -> dict[str, Any]:
+        """Append one row now (flushed to the OS at once). ``MBps`` follows from bytes and ns."""
+        row = {c: "" for c in COLUMNS}
+        row.update(run_id=self.run_id, time_utc=_now(), retries=0)
+        unknown = set(values) - set(COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown result columns: {sorted(unknown)}")
+        row.update(values)
+        if row["MBps"] == "" and row["ns"] not in ("", 0) and row["bytes"] != "" and not row["error"]:
+            row["MBps"] = int(row["bytes"]) / int(row["ns"]) * 1e3
+        self._csv.writerow(row)
+        self._file.flush()
+        self.count += 1
+        return row
+
+    def close(self) -> None:
+        self.write_meta(finished_utc=_now(), rows=self.count)
+        self._file.close()
+
+    def __enter__(self) -> Results:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Results {self.run_id}: {self.count} rows in {self.csv_path}>"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]):
+    """Merge result files into one DataFrame: each path is a ``results.csv``, or a folder searched
+    for them. Rows keep their ``run_id``; a run whose metadata has another schema version is refused."""
+    import pandas as pd
+
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in map(Path, paths):
+        files += sorted(p.rglob("results.csv")) if p.is_dir() else [p]
+    if not files:
+        raise FileNotFoundError(f"no results.csv under {', '.join(map(str, paths))}")
+    frames = []
+    for f in files:
+        meta = f.with_name("run_meta.json")
+        if meta.exists():
+            version = json.loads(meta.read_text()).get("schema_version")
+            if version != SCHEMA_VERSION:
+                raise ValueError(f"{f}: schema version {version}, this dataferry reads {SCHEMA_VERSION}")
+        frames.append(pd.read_csv(f, keep_default_na=False, dtype={"error": str, "file": str}))
+    rows = pd.concat(frames, ignore_index=True)
+    for col in ("file_bytes", "bytes", "pass", "repeat", "concurrency", "open_ns", "first_byte_ns", "read_ns",
+                "close_ns", "ns", "retries"):
+        rows[col] = pd.to_numeric(rows[col], errors="coerce").astype("Int64")
+    rows["MBps"] = pd.to_numeric(rows["MBps"], errors="coerce")
+    return rows

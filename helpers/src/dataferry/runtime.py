@@ -1,0 +1,310 @@
+"""What we run on: region, accelerator, versions and machine facts, captured for result rows.
+
+A benchmark number means little without the place it was taken: a read from a bucket in
+``us-central1`` is a different experiment in ``europe-west4``, and a Colab GPU runtime is not
+a laptop. :func:`detect_region` finds the cloud region without ever raising or hanging
+(override, lab profile, GCE metadata server, an opt-in IP lookup, else ``"unknown"``), and
+:func:`capture` records the rest in a :class:`Runtime` that serialises to JSON.
+
+This module imports no other dataferry module. Optional packages (torch, google-cloud-storage,
+google-crc32c) are imported lazily inside functions and may be missing.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+__all__ = ["METADATA_URL", "Region", "detect_region", "in_colab", "Runtime", "capture"]
+
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
+
+_T = TypeVar("_T")
+_JOIN_SLACK_S = 0.2
+_MAX_BODY = 64 * 1024
+_ZONE_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*-[a-z]$")
+_VERSION_DISTS = ("torch", "google-cloud-storage", "google-crc32c", "numpy", "pandas", "dataferry")
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where the code runs, and how we know: ``source`` says which detection step answered."""
+
+    region: str
+    zone: str | None
+    source: str
+
+    def __str__(self) -> str:
+        where = f"zone {self.zone}, " if self.zone else ""
+        return f"{self.region} ({where}from {self.source})"
+
+    def __repr__(self) -> str:
+        return f"Region({self.region!r}, {self.zone!r}, {self.source!r})"
+
+
+def _bounded(fn: Callable[[], _T | None], deadline_s: float) -> _T | None:
+    """Run ``fn`` in a daemon thread and give up after ``deadline_s``.
+
+    urllib's timeout covers connect and read but not DNS resolution, which can block for
+    many seconds on a host without a resolver for ``metadata.google.internal``; a thread we
+    stop waiting for bounds every part. A thread left behind is a daemon and dies with us.
+    """
+    result: list[_T | None] = [None]
+
+    def target() -> None:
+        try:
+            result[0] = fn()
+        except Exception:
+            result[0] = None
+
+    t = threading.Thread(target=target, name="dataferry-region-probe", daemon=True)
+    t.start()
+    t.join(deadline_s)
+    return None if t.is_alive() else result[0]
+
+
+def _probe_metadata(metadata_url: str, timeout_s: float) -> Region | None:
+    """Ask the GCE metadata server for our zone; None unless the answer is trustworthy."""
+    req = urllib.request.Request(f"{metadata_url.rstrip('/')}/instance/zone", headers={"Metadata-Flavor": "Google"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=timeout_s) as resp:
+        if resp.headers.get("Metadata-Flavor") != "Google":
+            return None
+        body = resp.read(_MAX_BODY).decode("utf-8", "replace").strip()
+    zone = body.rsplit("/", 1)[-1]
+    if not _ZONE_RE.match(zone):
+        return None
+    return Region(zone.rsplit("-", 1)[0], zone, "metadata")
+
+
+def _probe_ip_lookup(url: str, timeout_s: float) -> Region | None:
+    """Ask a geo-IP service (only when the caller named one) for a "region" or "country"."""
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        data = json.loads(resp.read(_MAX_BODY).decode("utf-8", "replace"))
+    if not isinstance(data, dict):
+        return None
+    for key in ("region", "country"):
+        value = data.get(key)
+        if isinstance(value, str) and value.strip():
+            return Region(value.strip(), None, "ip-lookup")
+    return None
+
+
+def detect_region(
+    override: str | None = None,
+    *,
+    lab_profile: str | None = None,
+    metadata_url: str = METADATA_URL,
+    ip_lookup_url: str | None = None,
+    timeout_s: float = 1.0,
+) -> Region:
+    """Find the region we run in, trying override, lab profile, metadata server, IP lookup.
+
+    ``override`` falls back to the ``DATAFERRY_REGION`` environment variable. Network steps
+    never raise and each is bounded to about ``timeout_s``, so the call returns within about
+    ``2 * timeout_s + 0.5`` seconds; when nothing answers the region is ``"unknown"``.
+    The third-party IP lookup runs only when ``ip_lookup_url`` is given.
+    """
+    if override is None:
+        override = os.environ.get("DATAFERRY_REGION")
+    if override and override.strip():
+        return Region(override.strip(), None, "override")
+    if lab_profile:
+        return Region(f"lab:{lab_profile}", None, "lab")
+    deadline = timeout_s + _JOIN_SLACK_S
+    found = _bounded(lambda: _probe_metadata(metadata_url, timeout_s), deadline)
+    if found is None and ip_lookup_url:
+        found = _bounded(lambda: _probe_ip_lookup(ip_lookup_url, timeout_s), deadline)
+    return found if found is not None else Region("unknown", None, "unknown")
+
+
+def in_colab() -> bool:
+    """True inside a Google Colab runtime (google.colab loaded, or importable with Colab's env vars)."""
+    if "google.colab" in sys.modules:
+        return True
+    if not (os.environ.get("COLAB_RELEASE_TAG") or os.environ.get("COLAB_GPU")):
+        return False
+    try:
+        return importlib.util.find_spec("google.colab") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@dataclass(repr=False)
+class Runtime:
+    """A snapshot of the machine and software a measurement ran on."""
+
+    colab: bool
+    accelerator: str
+    cuda_devices: list[str]
+    cpus: int
+    ram_bytes: int
+    disk_free_bytes: int
+    kernel: str
+    python: str
+    versions: dict[str, str | None] = field(default_factory=dict)
+    crc32c_implementation: str | None = None
+    gcsfuse: str | None = None
+    drop_caches_writable: bool = False
+    region: Region = field(default_factory=lambda: Region("unknown", None, "unknown"))
+
+    @property
+    def kind(self) -> str:
+        """Short label for result rows: ``"local-cpu"``, ``"colab-gpu"``, ``"colab-tpu"``..."""
+        if self.accelerator.startswith("cuda"):
+            cls = "gpu"
+        elif self.accelerator == "tpu":
+            cls = "tpu"
+        else:
+            cls = "cpu"
+        return f"{'colab' if self.colab else 'local'}-{cls}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of every field, plus ``kind``."""
+        return {
+            "kind": self.kind,
+            "colab": self.colab,
+            "accelerator": self.accelerator,
+            "cuda_devices": list(self.cuda_devices),
+            "cpus": self.cpus,
+            "ram_bytes": self.ram_bytes,
+            "disk_free_bytes": self.disk_free_bytes,
+            "kernel": self.kernel,
+            "python": self.python,
+            "versions": dict(self.versions),
+            "crc32c_implementation": self.crc32c_implementation,
+            "gcsfuse": self.gcsfuse,
+            "drop_caches_writable": self.drop_caches_writable,
+            "region": {"region": self.region.region, "zone": self.region.zone, "source": self.region.source},
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Runtime(kind={self.kind!r}, accelerator={self.accelerator!r}, cpus={self.cpus}, "
+            f"ram_gib={self.ram_bytes / 2**30:.1f}, python={self.python!r}, region={self.region.region!r})"
+        )
+
+
+def _cuda_devices() -> list[str]:
+    """Names of the CUDA devices torch sees; empty without torch or without CUDA."""
+    try:
+        import torch
+    except Exception:
+        return []
+    try:
+        if not torch.cuda.is_available():
+            return []
+        return [str(torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]
+    except Exception:
+        return []
+
+
+def _has_tpu() -> bool:
+    """A TPU is attached when Colab/Cloud TPU env vars name one or /dev/accel* exists."""
+    if os.environ.get("COLAB_TPU_ADDR") or os.environ.get("TPU_NAME"):
+        return True
+    return bool(glob.glob("/dev/accel*"))
+
+
+def _ram_bytes() -> int:
+    """MemTotal from /proc/meminfo, falling back to sysconf; 0 when neither works."""
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def _versions() -> dict[str, str | None]:
+    """Installed versions of the distributions that shape our measurements (None if absent)."""
+    out: dict[str, str | None] = {}
+    for dist in _VERSION_DISTS:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _crc32c_implementation() -> str | None:
+    """google_crc32c's backend ("c" or "python"); the pure-Python one makes checksums slow."""
+    try:
+        import google_crc32c
+    except Exception:
+        return None
+    impl = getattr(google_crc32c, "implementation", None)
+    return str(impl) if impl is not None else None
+
+
+def _gcsfuse_version(gcsfuse: str | None) -> str | None:
+    """First line of ``gcsfuse --version`` for the given binary or the one on PATH."""
+    exe = gcsfuse or shutil.which("gcsfuse")
+    if not exe:
+        return None
+    try:
+        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for text in (proc.stdout, proc.stderr):
+        for line in text.splitlines():
+            if line.strip():
+                return line.strip()
+    return None
+
+
+def _disk_free(path: str) -> int:
+    """Free bytes on the filesystem holding ``path``; 0 when it cannot be read."""
+    try:
+        return int(shutil.disk_usage(path).free)
+    except OSError:
+        return 0
+
+
+def capture(path: str = ".", *, region: Region | None = None, gcsfuse: str | None = None) -> Runtime:
+    """Record the runtime: accelerator, CPUs, RAM, free disk at ``path``, versions, region.
+
+    ``region`` None runs :func:`detect_region` with its defaults (bounded, never raises);
+    ``gcsfuse`` names a binary to report instead of the one on PATH.
+    """
+    cuda = _cuda_devices()
+    if cuda:
+        accelerator = f"cuda:{cuda[0]}"
+    elif _has_tpu():
+        accelerator = "tpu"
+    else:
+        accelerator = "cpu"
+    return Runtime(
+        colab=in_colab(),
+        accelerator=accelerator,
+        cuda_devices=cuda,
+        cpus=os.cpu_count() or 1,
+        ram_bytes=_ram_bytes(),
+        disk_free_bytes=_disk_free(path),
+        kernel=platform.release(),
+        python=platform.python_version(),
+        versions=_versions(),
+        crc32c_implementation=_crc32c_implementation(),
+        gcsfuse=_gcsfuse_version(gcsfuse),
+        drop_caches_writable=os.access("/proc/sys/vm/drop_caches", os.W_OK),
+        region=region if region is not None else detect_region(),
+    )

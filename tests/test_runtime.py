@@ -1,0 +1,192 @@
+"""Tests for dataferry.runtime: region detection against real loopback servers, and capture()."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dataferry.runtime import Region, Runtime, capture, detect_region, in_colab
+
+ZONE_PATH = "/computeMetadata/v1/instance/zone"
+
+
+@pytest.fixture(autouse=True)
+def _no_region_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DATAFERRY_REGION", raising=False)
+
+
+@contextlib.contextmanager
+def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _metadata_handler(send_flavor: bool, seen: list[str | None]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Metadata-Flavor"))
+            if self.headers.get("Metadata-Flavor") != "Google":
+                self.send_error(403, "Missing Metadata-Flavor:Google header")
+                return
+            if self.path != ZONE_PATH:
+                self.send_error(404)
+                return
+            body = b"projects/123/zones/europe-west4-b"
+            self.send_response(200)
+            if send_flavor:
+                self.send_header("Metadata-Flavor", "Google")
+            self.send_header("Content-Type", "application/text")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+def _metadata_url(server: ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}/computeMetadata/v1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metadata_server_gives_zone_and_region() -> None:
+    seen: list[str | None] = []
+    with _serve(_metadata_handler(send_flavor=True, seen=seen)) as server:
+        got = detect_region(metadata_url=_metadata_url(server))
+    assert got == Region("europe-west4", "europe-west4-b", "metadata")
+    assert seen == ["Google"]
+    assert str(got) == "europe-west4 (zone europe-west4-b, from metadata)"
+
+
+def test_metadata_answer_without_flavor_header_is_not_trusted() -> None:
+    seen: list[str | None] = []
+    with _serve(_metadata_handler(send_flavor=False, seen=seen)) as server:
+        got = detect_region(metadata_url=_metadata_url(server))
+    assert seen == ["Google"]  # it was asked and answered 200, yet not believed
+    assert got == Region("unknown", None, "unknown")
+
+
+def test_nothing_listening_is_unknown_fast() -> None:
+    t0 = time.monotonic()
+    got = detect_region(metadata_url=f"http://127.0.0.1:{_free_port()}/computeMetadata/v1", timeout_s=1.0)
+    assert time.monotonic() - t0 < 2.0
+    assert got == Region("unknown", None, "unknown")
+
+
+def test_server_that_never_answers_is_bounded() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        port = s.getsockname()[1]
+        t0 = time.monotonic()
+        got = detect_region(metadata_url=f"http://127.0.0.1:{port}/computeMetadata/v1", timeout_s=1.0)
+        elapsed = time.monotonic() - t0
+    assert elapsed < 2.0
+    assert got.source == "unknown" and got.region == "unknown"
+
+
+def test_unresolvable_host_is_bounded() -> None:
+    t0 = time.monotonic()
+    got = detect_region(metadata_url="http://metadata.invalid/computeMetadata/v1", timeout_s=1.0)
+    assert time.monotonic() - t0 < 2.0
+    assert got == Region("unknown", None, "unknown")
+
+
+def test_override_env_and_lab_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    dead = f"http://127.0.0.1:{_free_port()}/computeMetadata/v1"
+    assert detect_region("asia-east1", metadata_url=dead) == Region("asia-east1", None, "override")
+    monkeypatch.setenv("DATAFERRY_REGION", "us-east1")
+    assert detect_region(metadata_url=dead) == Region("us-east1", None, "override")
+    assert detect_region("asia-east1", metadata_url=dead).region == "asia-east1"  # argument beats env
+    monkeypatch.delenv("DATAFERRY_REGION")
+    assert detect_region(lab_profile="cross-continent", metadata_url=dead) == Region(
+        "lab:cross-continent", None, "lab"
+    )
+
+
+def test_ip_lookup_used_only_when_asked() -> None:
+    class Geo(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"region": "Iowa", "country": "US"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    dead = f"http://127.0.0.1:{_free_port()}/computeMetadata/v1"
+    with _serve(Geo) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/json"
+        got = detect_region(metadata_url=dead, ip_lookup_url=url)
+        without = detect_region(metadata_url=dead)
+    assert got == Region("Iowa", None, "ip-lookup")
+    assert without.source == "unknown"
+
+
+def test_capture_records_this_machine(tmp_path) -> None:
+    rt = capture(str(tmp_path), region=Region("lab:unshaped", None, "lab"))
+    assert isinstance(rt, Runtime)
+    assert rt.ram_bytes > 0
+    assert rt.cpus >= 1
+    assert rt.disk_free_bytes > 0
+    assert rt.kernel
+    assert rt.versions["google-cloud-storage"] is not None
+    assert rt.versions["dataferry"] is not None
+    assert rt.crc32c_implementation in ("c", "python")
+    assert rt.colab is False
+    if not rt.cuda_devices:
+        assert rt.accelerator in ("cpu", "tpu")
+        if rt.accelerator == "cpu":
+            assert rt.kind == "local-cpu"
+    else:
+        assert rt.kind == "local-gpu"
+    d = json.loads(json.dumps(rt.to_dict()))
+    assert d["region"] == {"region": "lab:unshaped", "zone": None, "source": "lab"}
+    assert d["ram_bytes"] == rt.ram_bytes
+    assert d["kind"] == rt.kind
+    assert "Runtime(" in repr(rt)
+
+
+def test_capture_reports_given_gcsfuse_binary(tmp_path) -> None:
+    fake = tmp_path / "gcsfuse"
+    fake.write_text("#!/bin/sh\necho 'gcsfuse version 9.9.9 (Go version go1.22)'\necho second line\n")
+    fake.chmod(0o755)
+    rt = capture(str(tmp_path), region=Region("unknown", None, "unknown"), gcsfuse=str(fake))
+    assert rt.gcsfuse == "gcsfuse version 9.9.9 (Go version go1.22)"
+    missing = capture(str(tmp_path), region=Region("unknown", None, "unknown"), gcsfuse=str(tmp_path / "nope"))
+    assert missing.gcsfuse is None
+
+
+def test_kind_labels() -> None:
+    base = dict(cuda_devices=[], cpus=1, ram_bytes=1, disk_free_bytes=1, kernel="k", python="3")
+    assert Runtime(colab=True, accelerator="cuda:Tesla T4", **base).kind == "colab-gpu"
+    assert Runtime(colab=False, accelerator="tpu", **base).kind == "local-tpu"
+    assert Runtime(colab=False, accelerator="cpu", **base).kind == "local-cpu"
+
+
+def test_not_in_colab() -> None:
+    assert in_colab() is False

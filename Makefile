@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export DATAFERRY_TOOLS ?= $(CURDIR)/build/tools
 PYTEST_ARGS ?=
 
-.PHONY: venv tools test lab lab-down bench-cache clean
+.PHONY: venv tools test lab lab-down bench-cache bench-lab clean
 
 $(STAMP): helpers/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dataferry needs Python >= 3.10; set PYTHON=python3.x")'
@@ -31,6 +31,9 @@ lab: tools
 
 bench-cache: tools
 	$(VENV)/bin/dataferry bench-cache --out build/bench/cache.json
+
+bench-lab: tools
+	MPLBACKEND=Agg $(VENV)/bin/dataferry bench --lab --out build/bench/methods --json build/bench/methods.json
 
 lab-down: venv
 	$(VENV)/bin/dataferry lab down

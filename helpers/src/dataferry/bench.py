@@ -8,15 +8,19 @@ bounded memory, and a small per-hit overhead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import random
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +29,9 @@ from dataferry.lab import Lab
 from dataferry.lab.profiles import PROFILES
 from dataferry.sources import GCSSource
 from dataferry.stage import DEFAULT_WORKERS, stage
-from dataferry.timing import evict
+from dataferry.timing import Results, evict, timed_read
 
-__all__ = ["bench_cache"]
+__all__ = ["bench_cache", "compare_methods", "bench_lab", "bench_source", "Target", "LAB_METHODS", "summary_table"]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -206,3 +210,411 @@ def _cold_large(lab: Lab, work: Path, size: int, say: Callable[[str], None]) -> 
             "cold_large_peak_rss_mib": filled["peak_rss_mib"],
             "cold_large_conditions": f"{size / GiB:g} GiB, {profile.label}; link = one plain streaming GET "
                                      f"through the same proxy ({link:.1f} MB/s; nominal {profile.bandwidth_MBps:g})"}
+
+
+# -- first vs repeated reads, by method and region ------------------------------------------------
+
+LAB_METHODS = ("local", "gcsfuse", "gcsfuse-cache", "api-serial", "api-parallel", "dataferry")
+PARALLEL_WORKERS = 16
+
+
+@dataclass
+class Target:
+    """What a comparison reads: a GCS prefix (bucket, prefix) or a folder, and which files.
+
+    ``mount(file_cache)`` returns a context manager yielding a gcsfuse mount point of the bucket
+    (None: gcsfuse methods unavailable). ``local_copy`` is a plain local folder with the same files."""
+
+    names: list[str]
+    sizes: dict[str, int]
+    bucket: Any = None           # a google-cloud-storage Bucket (API methods)
+    prefix: str = ""
+    folder: Path | None = None   # a folder holding the files (a Drive or gcsfuse mount)
+    local_copy: Path | None = None
+    mount: Callable[[bool], Any] | None = None
+    source: Any = None           # the dataferry Source over the same files
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes[n] for n in self.names)
+
+
+class _Pass:
+    """Runs one pass of one method and writes its rows."""
+
+    def __init__(self, results: Results, common: dict[str, Any], target: Target, work: Path) -> None:
+        self.results, self.common, self.target, self.work = results, common, target, work
+
+    def row(self, **values: Any) -> None:
+        self.results.add(**self.common, **values)
+
+    def read_files(self, paths: dict[str, Path], state: str, eviction: str, **common: Any) -> None:
+        for name, path in paths.items():
+            try:
+                s = timed_read(path)
+                self.row(file=name, file_bytes=self.target.sizes[name], bytes=s.bytes, phase="read",
+                         cache_state=state, eviction=eviction, concurrency=1, open_ns=s.open_ns,
+                         first_byte_ns=s.first_byte_ns, read_ns=s.read_ns, close_ns=s.close_ns, ns=s.ns, **common)
+            except OSError as e:
+                self.row(file=name, file_bytes=self.target.sizes[name], phase="read", cache_state=state,
+                         eviction=eviction, error=f"{e.__class__.__name__}: {e}", **common)
+
+    def evicted(self, paths: Iterable[Path], warm_state: str | None = None) -> tuple[str, str]:
+        """Evict the page cache and say which state the next reads are in, and how eviction went:
+        ``warm_state`` where another layer still holds the data (gcsfuse's file cache, a local
+        copy), else cold_verified / cold_unverified from mincore."""
+        report = evict(list(paths))
+        how = f"{report.method}; {report.still_resident} of {report.files} files still resident"
+        return (warm_state or report.cache_state), how
+
+
+def _walk(folder: Path) -> list[str]:
+    """Every file under ``folder`` (os.scandir: one syscall per folder, no stat per file)."""
+    found, stack = [], [folder]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for d in it:
+                (stack.append(Path(d.path)) if d.is_dir(follow_symlinks=False) else found.append(d.path))
+    return found
+
+
+@contextlib.contextmanager
+def _method_state(method: str, target: Target, work: Path) -> Iterator[dict[str, Any]]:
+    """Fresh state for one method's passes: a new mount, an empty cache or copy folder."""
+    state: dict[str, Any] = {"dir": Path(tempfile.mkdtemp(prefix=f"{method}-", dir=work))}
+    try:
+        if method in ("gcsfuse", "gcsfuse-cache"):
+            if target.mount is None:
+                raise RuntimeError("gcsfuse methods need a gcsfuse mount, and none is available here")
+            with target.mount(method == "gcsfuse-cache") as mount:
+                state["root"] = Path(mount.mountpoint)
+                yield state
+        else:
+            if method == "dataferry":
+                state["cache"] = Cache(state["dir"] / "cache")
+            yield state
+    finally:
+        shutil.rmtree(state["dir"], ignore_errors=True)
+
+
+def _run_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], pass_no: int, **common: Any) -> None:
+    """One epoch of ``method`` over ``order``: set-up outside the clock (listing, timed as its own
+    phase on pass 1; page-cache eviction before a repeat), then everything the method needs to
+    get every byte, then the epoch row (sum of bytes / wall time of the whole pass)."""
+    run = {"local": _folder_pass, "folder": _folder_pass, "gcsfuse": _folder_pass, "gcsfuse-cache": _folder_pass,
+           "api-serial": _api_pass, "api-parallel": _api_pass, "dataferry": _dataferry_pass}.get(method)
+    if run is None:
+        raise ValueError(f"unknown method {method!r}; known: {', '.join(LAB_METHODS)}, folder")
+    t = p.target
+    common = {"method": method, "pass": pass_no, **common}
+    epoch_ns, concurrency, state = run(p, method, st, order, pass_no == 1, common)
+    p.row(phase="epoch", file=f"({len(order)} files)", file_bytes=t.sizes[order[0]], bytes=t.total_bytes,
+          concurrency=concurrency, ns=epoch_ns, cache_state=state, **common)
+
+
+def _timed_list(p: _Pass, lister: Callable[[], Any], common: dict[str, Any]) -> Any:
+    t0 = time.perf_counter_ns()
+    listed = lister()
+    p.row(phase="list", file=f"({len(listed)} entries)", ns=time.perf_counter_ns() - t0, bytes=0,
+          concurrency=1, cache_state="cold_unverified", **common)
+    return listed
+
+
+def _folder_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], first: bool,
+                 common: dict[str, Any]) -> tuple[int, int, str]:
+    t = p.target
+    root = {"local": t.local_copy, "folder": t.folder}.get(method) or st["root"] / t.prefix
+    paths = {n: root / n for n in order}
+    if first:
+        _timed_list(p, lambda: _walk(root), common)
+    state, how = p.evicted(paths.values(), "daemon_warm" if method == "gcsfuse-cache" and not first else None)
+    t0 = time.perf_counter_ns()
+    p.read_files(paths, state, how, **common)
+    return time.perf_counter_ns() - t0, 1, state
+
+
+def _api_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], first: bool,
+              common: dict[str, Any]) -> tuple[int, int, str]:
+    t = p.target
+    concurrency = PARALLEL_WORKERS if method == "api-parallel" else 1
+    if not first:
+        state, how = p.evicted(st["copies"].values(), "local_copy")
+        t0 = time.perf_counter_ns()
+        p.read_files(st["copies"], state, how, **common)
+        return time.perf_counter_ns() - t0, concurrency, state
+    _timed_list(p, lambda: list(t.bucket.list_blobs(prefix=t.prefix or None)), common)
+    copies = st["copies"] = {n: st["dir"] / f"{i:06d}.bin" for i, n in enumerate(order)}
+    t0 = time.perf_counter_ns()
+    if method == "api-serial":  # the 2020 method: one blob after another
+        for n in order:
+            d0 = time.perf_counter_ns()
+            error = ""
+            try:
+                t.bucket.blob(t.prefix + n).download_to_filename(copies[n])
+            except Exception as e:  # noqa: BLE001 - errors are rows
+                error = f"{e.__class__.__name__}: {e}"
+            p.row(phase="download", file=n, file_bytes=t.sizes[n], bytes=0 if error else t.sizes[n], concurrency=1,
+                  ns=time.perf_counter_ns() - d0, cache_state="cold_verified", error=error, **common)
+    else:
+        from google.cloud.storage import transfer_manager
+
+        outcome = transfer_manager.download_many(
+            [(t.bucket.blob(t.prefix + n), str(copies[n])) for n in order], max_workers=concurrency,
+            worker_type=transfer_manager.THREAD, raise_exception=False)
+        errors = [f"{n}: {r!r}" for n, r in zip(order, outcome) if isinstance(r, Exception)]
+        p.row(phase="download", file=f"({len(order)} files)", file_bytes=t.sizes[order[0]], bytes=t.total_bytes,
+              concurrency=concurrency, ns=time.perf_counter_ns() - t0, cache_state="cold_verified",
+              error="; ".join(errors)[:2000], **common)
+    p.read_files(copies, "page_warm", "none: just downloaded", **common)
+    return time.perf_counter_ns() - t0, concurrency, "cold_verified"
+
+
+def _dataferry_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], first: bool,
+                    common: dict[str, Any]) -> tuple[int, int, str]:
+    t = p.target
+    cache: Cache = st["cache"]
+    if first:
+        st["entries"] = {e.name: e for e in _timed_list(p, lambda: list(t.source.list()), common)}
+    entries = st["entries"]
+    if first:
+        t0 = time.perf_counter_ns()
+        report = stage(t.source, cache, [entries[n] for n in order], progress=False)
+        p.row(phase="stage", file=f"({report.files} files)", file_bytes=t.sizes[order[0]],
+              bytes=report.bytes_fetched, concurrency=DEFAULT_WORKERS, ns=int(report.seconds * 1e9),
+              retries=cache.stats().retries, cache_state="cold_verified",
+              error="; ".join(f"{n}: {e}" for n, e in report.failures)[:2000], **common)
+        state, how = "page_warm", "none: just staged"
+    else:
+        state, how = p.evicted((cache.path(t.source, entries[n]) for n in order), "local_copy")
+        t0 = time.perf_counter_ns()
+    for n in order:
+        r0 = time.perf_counter_ns()
+        try:
+            data = cache.read(t.source, entries[n])
+            p.row(phase="read", file=n, file_bytes=t.sizes[n], bytes=len(data), concurrency=1,
+                  ns=time.perf_counter_ns() - r0, cache_state=state, eviction=how, **common)
+        except Exception as e:  # noqa: BLE001 - errors are rows
+            p.row(phase="read", file=n, file_bytes=t.sizes[n], concurrency=1, cache_state=state, eviction=how,
+                  error=f"{e.__class__.__name__}: {e}", **common)
+    return time.perf_counter_ns() - t0, DEFAULT_WORKERS if first else 1, "cold_verified" if first else state
+
+
+def compare_methods(target: Target, results: Results, methods: Sequence[str], *, region: Any, runtime_kind: str,
+                    passes: int = 2, repeats: int = 5, seed: int = 0, work: Path | None = None,
+                    progress: Any = None) -> None:
+    """Measure each method's first read (pass 1) and repeated reads over ``target``.
+
+    Repetitions interleave the methods in a shuffled order and shuffle the file order, both from
+    ``seed``; each repetition starts each method afresh (a new mount, empty cache and folders),
+    so pass 1 is a true first read. Every row goes to ``results`` as it is measured; a method
+    that fails becomes an error row and the others go on."""
+    if passes < 1 or repeats < 1:
+        raise ValueError("passes and repeats must be >= 1")
+    rng = random.Random(seed)
+    work = Path(work or tempfile.mkdtemp(prefix="dataferry-compare-"))
+    p = _Pass(results, {"region": region.region, "region_source": region.source, "runtime": runtime_kind}, target, work)
+    for repeat in range(1, repeats + 1):
+        methods_now, order = list(methods), list(target.names)
+        rng.shuffle(methods_now)
+        rng.shuffle(order)
+        for method in methods_now:
+            try:
+                with _method_state(method, target, work) as st:
+                    for pass_no in range(1, passes + 1):
+                        _run_pass(p, method, st, order, pass_no, repeat=repeat)
+                        if progress is not None:
+                            progress.update(1)
+            except Exception as e:  # noqa: BLE001 - a failed method is a row, not the end of the run
+                p.row(method=method, repeat=repeat, phase="epoch", file=f"({len(order)} files)",
+                      error=f"{e.__class__.__name__}: {e}"[:2000], **{"pass": 0})
+
+
+def summary(rows: Any) -> dict[str, Any]:
+    """Median epoch MB/s per region x method x pass (with bootstrap CIs) and repeat/first ratios."""
+    from dataferry.stats import speedup, summarize_frame
+
+    epochs = rows[(rows["phase"] == "epoch") & (rows["pass"] >= 1)].copy()
+    epochs["pass"] = epochs["pass"].astype(int)
+    ok = epochs[epochs["error"] == ""]
+    cells = summarize_frame(epochs, ["region", "method", "pass"]).to_dict("records")
+    ratios = []
+    for (region, method), g in ok.groupby(["region", "method"]):
+        first, repeat = g[g["pass"] == 1]["MBps"], g[g["pass"] >= 2]["MBps"]
+        if len(first) and len(repeat):
+            r, lo, hi = speedup(repeat.to_numpy(float), first.to_numpy(float))
+            ratios.append({"region": region, "method": method, "repeat_over_first": r, "ci_low": lo, "ci_high": hi})
+    return {"cells": cells, "ratios": ratios}
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    """A markdown table: median MB/s of the first and repeated epochs, and their ratio, per region and method."""
+    med = {(c["region"], c["method"], c["pass"]): c for c in result["cells"]}
+    ratio = {(r["region"], r["method"]): r for r in result["ratios"]}
+    lines = ["| region | method | first read MB/s (n) | repeat MB/s (n) | repeat / first [95% CI] |",
+             "|---|---|---|---|---|"]
+    for region, method in sorted({(c["region"], c["method"]) for c in result["cells"]}):
+        first = med.get((region, method, 1))
+        repeats = [c for (rg, m, ps), c in med.items() if rg == region and m == method and ps >= 2]
+        rep = repeats[0] if repeats else None
+        r = ratio.get((region, method))
+
+        def cell(c: dict | None) -> str:
+            return f"{c['median']:.1f} ({c['n']})" if c and c["n"] else "-"
+
+        rtxt = f"{r['repeat_over_first']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r else "-"
+        lines.append(f"| {region} | {method} | {cell(first)} | {cell(rep)} | {rtxt} |")
+    return "\n".join(lines)
+
+
+def _finish(results: Results, out: Path, json_path: Path, say: Callable[[str], None], extra: dict | None = None) -> dict:
+    from dataferry.plots import standard_figures
+    from dataferry.timing import load_results
+
+    results.close()
+    rows = load_results(results.csv_path)
+    result = {"run_id": results.run_id, "results": str(results.csv_path), **summary(rows), **(extra or {})}
+    figures = standard_figures(rows, out / "figures")
+    result["figures"] = {k: [str(p) for p in v] for k, v in figures.items()}
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1, default=str))
+    say(summary_table(result))
+    say(f"\nrows: {results.csv_path}\nfigures: {out / 'figures'}\nsummary: {json_path}")
+    return result
+
+
+def _gpu_rows(results: Results, batch: bytes, common: dict[str, str], say: Callable[[str], None]) -> str:
+    """Time host-to-device copies of a loaded batch where there is CUDA; say so where there is not."""
+    from dataferry.timing import time_h2d
+
+    rows = time_h2d(batch)
+    if isinstance(rows, str):
+        say(rows)
+        results.write_meta(gpu=rows)
+        return rows
+    for row in rows:
+        results.add(**common, **row)
+    return f"{len(rows)} host-to-device rows"
+
+
+def _lab_checks(result: dict[str, Any]) -> dict[str, Any]:
+    """What the lab comparison is expected to show, as measured values."""
+    ratios = {(r["region"], r["method"]): r["repeat_over_first"] for r in result["ratios"]}
+    med = {(c["region"], c["method"], c["pass"]): c["median"] for c in result["cells"] if c["n"]}
+    checks: dict[str, Any] = {}
+    for region in sorted({c["region"] for c in result["cells"]}):
+        local = med.get((region, "local", 2))
+        checks[region] = {
+            "gcsfuse_repeat_over_first": ratios.get((region, "gcsfuse")),
+            "gcsfuse_cache_repeat_over_local": (med.get((region, "gcsfuse-cache", 2)) or 0) / local if local else None,
+            "dataferry_repeat_over_local": (med.get((region, "dataferry", 2)) or 0) / local if local else None,
+            "dataferry_repeat_over_first": ratios.get((region, "dataferry")),
+        }
+    return checks
+
+
+def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: str | os.PathLike[str] = "build/bench/methods.json",
+              profiles: Sequence[str] = ("colocated", "same-continent", "cross-continent"),
+              methods: Sequence[str] = LAB_METHODS, n_files: int = 24, file_bytes: int = 2 * MiB,
+              passes: int = 2, repeats: int = 5, seed: int = 0, say: Callable[[str], None] = print) -> dict:
+    """The full comparison in a lab of its own: every method, first and repeated reads, under
+    each region profile. Rows are labelled ``lab:<profile>``; nothing here is a cloud number."""
+    from tqdm.auto import tqdm
+
+    from dataferry.runtime import capture, detect_region
+
+    out = Path(out)
+    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-bench-state-")).up()
+    work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
+    try:
+        if not lab.status()["gcsfuse"]["available"]:
+            say(f"gcsfuse unavailable ({lab.status()['gcsfuse']['why']}): its methods become error rows")
+        ds = lab.make_dataset("bench-methods", n_files, file_bytes, prefix="m", seed=seed, shard_bytes=None)
+        ds.write_to(work / "local")
+        client = lab.client()
+        target = Target(names=list(ds.sizes), sizes=dict(ds.sizes), bucket=client.bucket("bench-methods"),
+                        prefix="m/files/", local_copy=work / "local" / "m" / "files",
+                        source=GCSSource("bench-methods", "m/files/", client=client),
+                        mount=lambda file_cache: lab.mount("bench-methods", file_cache=file_cache))
+        runtime = capture(str(work))
+        meta = {"experiment": "methods", "where": "offline lab (not cloud numbers)", "runtime": runtime.to_dict(),
+                "seed": seed, "passes": passes, "repeats": repeats, "methods": list(methods),
+                "dataset": {"files": n_files, "file_bytes": file_bytes, "total_bytes": ds.total_bytes},
+                "profiles": {n: {"rtt_ms": PROFILES[n].rtt_ms, "bandwidth_MBps": PROFILES[n].bandwidth_MBps,
+                                 "assumption": PROFILES[n].assumption} for n in profiles},
+                "gcsfuse": {"version": lab.status()["gcsfuse"].get("version"),
+                            "flags": "--implicit-dirs --anonymous-access --custom-endpoint <lab>; file cache: "
+                                     "--cache-dir <empty dir>, max-size-mb -1"},
+                "lab_tools": lab.status()["tools"]}
+        results = Results(out, meta)
+        say(f"comparing {', '.join(methods)} over {n_files} x {file_bytes / MiB:g} MiB, {passes} passes, "
+            f"{repeats} repeats, under {', '.join('lab:' + p for p in profiles)}; rows go to {results.csv_path}")
+        with tqdm(total=len(profiles) * repeats * len(methods) * passes, desc="bench --lab", unit="pass") as bar:
+            for profile in profiles:
+                lab.set_profile(profile)
+                bar.set_postfix_str(f"lab:{profile}")
+                compare_methods(target, results, methods, region=detect_region(lab_profile=profile),
+                                runtime_kind=runtime.kind, passes=passes, repeats=repeats, seed=seed, work=work,
+                                progress=bar)
+        batch = ds.content(ds.object_names[0]) * max(1, (64 * MiB) // file_bytes)
+        gpu = _gpu_rows(results, batch, {"runtime": runtime.kind, "region": "", "region_source": ""}, say)
+        result = _finish(results, out, Path(json_path), say, {"gpu": gpu})
+        result["checks"] = _lab_checks(result)
+        Path(json_path).write_text(json.dumps(result, indent=1, default=str))
+        say("\nlab checks: " + json.dumps(result["checks"], indent=1, default=str))
+        return result
+    finally:
+        lab.down()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
+                 json_path: str | os.PathLike[str] | None = None, methods: Sequence[str] | None = None,
+                 max_files: int = 200, passes: int = 2, repeats: int = 5, seed: int = 0,
+                 region: str | None = None, say: Callable[[str], None] = print) -> dict:
+    """The comparison on your own data: ``gs://bucket/prefix`` (API methods, dataferry, and gcsfuse
+    when it is installed) or a folder such as a Drive or gcsfuse mount (the folder itself and
+    dataferry). Works unchanged in Colab; rows carry the detected region and runtime."""
+    from tqdm.auto import tqdm
+
+    from dataferry.mounts import mount_gcsfuse
+    from dataferry.runtime import capture, detect_region
+    from dataferry.sources import LocalSource, from_uri
+
+    out = Path(out)
+    source = from_uri(uri)
+    rng = random.Random(seed)
+    entries = sorted(source.list(), key=lambda e: e.name)
+    if not entries:
+        raise ValueError(f"{uri} holds no files")
+    chosen = sorted(rng.sample(entries, min(max_files, len(entries))), key=lambda e: e.name)
+    sizes = {e.name: e.size for e in chosen}
+    work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
+    if isinstance(source, LocalSource):
+        target = Target(names=list(sizes), sizes=sizes, folder=source.root, source=source)
+        default = ["folder", "dataferry"]
+    else:
+        client = source._client_here()
+        gcsfuse = shutil.which("gcsfuse")
+        target = Target(names=list(sizes), sizes=sizes, bucket=client.bucket(source.bucket), prefix=source.prefix,
+                        source=source, mount=lambda fc: mount_gcsfuse(
+                            source.bucket, cache_dir=(work / f"gcsfuse-cache-{time.monotonic_ns()}") if fc else None))
+        default = ["api-serial", "api-parallel", "dataferry"] + (["gcsfuse", "gcsfuse-cache"] if gcsfuse else [])
+    methods = list(methods or default)
+    where = detect_region(region)
+    runtime = capture(str(work), region=where)
+    meta = {"experiment": "methods", "where": uri, "runtime": runtime.to_dict(), "seed": seed, "passes": passes,
+            "repeats": repeats, "methods": methods,
+            "dataset": {"files": len(chosen), "total_bytes": sum(sizes.values()), "of_files": len(entries)}}
+    results = Results(out, meta)
+    say(f"comparing {', '.join(methods)} over {len(chosen)} files of {uri} ({sum(sizes.values()) / 1e6:.1f} MB), "
+        f"region {where}, runtime {runtime.kind}; rows go to {results.csv_path}")
+    try:
+        with tqdm(total=repeats * len(methods) * passes, desc="bench", unit="pass") as bar:
+            compare_methods(target, results, methods, region=where, runtime_kind=runtime.kind, passes=passes,
+                            repeats=repeats, seed=seed, work=work, progress=bar)
+        batch = b"".join(Cache(work / "h2d").read(source, e) for e in chosen[:8])
+        gpu = _gpu_rows(results, batch, {"runtime": runtime.kind, "region": where.region,
+                                         "region_source": where.source}, say)
+        return _finish(results, out, Path(json_path or out / "methods.json"), say, {"gpu": gpu})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

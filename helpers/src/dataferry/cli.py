@@ -2,6 +2,8 @@
 
     dataferry stage SOURCE --cache DIR               stage gs://bucket/prefix or a folder into a cache
     dataferry cache inspect|verify|prune|clear DIR   look after a cache folder
+    dataferry bench SOURCE | --lab                   first vs repeated reads by method (CSV, figures, JSON)
+    dataferry report RESULTS...                      pool result files, redraw the figures
     dataferry bench-cache [--out FILE]               benchmark the cache in the lab
 
     dataferry lab up [--profile NAME] [--port N]     start the offline lab (builds tools once)
@@ -155,6 +157,38 @@ def cmd_bench_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from dataferry.bench import LAB_METHODS, bench_lab, bench_source
+
+    methods = args.methods.split(",") if args.methods else None
+    if args.lab:
+        if args.source:
+            raise ValueError("give a SOURCE or --lab, not both")
+        bench_lab(out=args.out or "build/bench/methods", json_path=args.json or "build/bench/methods.json",
+                  profiles=args.profiles.split(","), methods=methods or LAB_METHODS, n_files=args.files,
+                  file_bytes=args.file_kib * 1024, passes=args.passes, repeats=args.repeats, seed=args.seed)
+    elif args.source:
+        bench_source(args.source, out=args.out or "build/bench/source", json_path=args.json, methods=methods,
+                     max_files=args.files, passes=args.passes, repeats=args.repeats, seed=args.seed,
+                     region=args.region)
+    else:
+        raise ValueError("give a SOURCE (gs://bucket/prefix or a folder) or --lab")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dataferry.bench import summary, summary_table
+    from dataferry.plots import standard_figures
+    from dataferry.timing import load_results
+
+    rows = load_results(args.results)
+    print(f"{len(rows)} rows from {rows['run_id'].nunique()} runs")
+    print(summary_table(summary(rows)))
+    for name, paths in standard_figures(rows, args.out).items():
+        print(f"{name}: {', '.join(map(str, paths))}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dataferry.lab.profiles import PROFILES
 
@@ -212,6 +246,28 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "prune":
             p.add_argument("--max-bytes", type=float, required=True)
     ca.set_defaults(func=cmd_cache)
+
+    be = sub.add_parser("bench", help="first vs repeated reads by method: on your data, or --lab across profiles")
+    be.add_argument("source", nargs="?", help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
+    be.add_argument("--lab", action="store_true", help="run the full comparison in the offline lab")
+    be.add_argument("--methods", help="comma-separated (lab: local,gcsfuse,gcsfuse-cache,api-serial,api-parallel,"
+                                      "dataferry; a gs:// source: api-serial,api-parallel,dataferry,gcsfuse,"
+                                      "gcsfuse-cache; a folder: folder,dataferry)")
+    be.add_argument("--passes", type=int, default=2, help="epochs per method; pass 1 is the first read")
+    be.add_argument("--repeats", type=int, default=5)
+    be.add_argument("--files", type=int, default=24, help="files to read (a sample of the source)")
+    be.add_argument("--file-kib", type=int, default=2048, help="lab: size of each file")
+    be.add_argument("--profiles", default="colocated,same-continent,cross-continent", help="lab: region profiles")
+    be.add_argument("--region", help="your region, if detection cannot know it (else metadata server, else unknown)")
+    be.add_argument("--seed", type=int, default=0)
+    be.add_argument("--out", help="folder for results.csv, run_meta.json and figures")
+    be.add_argument("--json", help="where to write the summary JSON")
+    be.set_defaults(func=cmd_bench)
+
+    rp = sub.add_parser("report", help="pool result files and redraw the standard figures")
+    rp.add_argument("results", nargs="+", help="results.csv files or folders holding them")
+    rp.add_argument("--out", default="build/report", help="folder for the figures")
+    rp.set_defaults(func=cmd_report)
 
     bc = sub.add_parser("bench-cache", help="benchmark the cache in a lab of its own (a few minutes)")
     bc.add_argument("--out", default="build/bench/cache.json")

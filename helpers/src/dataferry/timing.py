@@ -18,12 +18,14 @@ import mmap
 import os
 import sys
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["evict", "resident_fraction", "EvictionReport", "drop_caches", "timed_read", "Spans", "Results",
+__all__ = ["evict", "resident_fraction", "residency_state", "EvictionReport", "drop_caches", "timed_read", "Spans",
+           "Results", "time_h2d",
            "load_results", "COLUMNS", "CACHE_STATES", "SCHEMA_VERSION"]
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -174,7 +176,7 @@ class Results:
                  run_id: str | None = None) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.run_id = run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
+        self.run_id = run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{uuid.uuid4().hex[:6]}"
         self.csv_path = self.folder / "results.csv"
         self.meta_path = self.folder / "run_meta.json"
         self.meta = {"schema_version": SCHEMA_VERSION, "run_id": self.run_id, "columns": COLUMNS,
@@ -253,4 +255,39 @@ def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
                 "close_ns", "ns", "retries"):
         rows[col] = pd.to_numeric(rows[col], errors="coerce").astype("Int64")
     rows["MBps"] = pd.to_numeric(rows["MBps"], errors="coerce")
+    return rows
+
+
+def residency_state(paths: Iterable[str | os.PathLike[str]]) -> str:
+    """The page-cache state of files about to be read: ``cold_verified`` (no page resident),
+    ``page_warm`` (every file fully resident) or ``cold_unverified`` (anything in between)."""
+    fractions = [resident_fraction(p) for p in paths]
+    if all(f == 0 for f in fractions):
+        return "cold_verified"
+    return "page_warm" if all(f == 1 for f in fractions) else "cold_unverified"
+
+
+def time_h2d(data: bytes, repeats: int = 10) -> list[dict[str, Any]] | str:
+    """Host-to-device copies of one loaded batch, pageable and pinned, each timed between
+    ``torch.cuda.synchronize()`` calls after a warm-up copy. Returns rows (``method``
+    ``h2d-pageable`` / ``h2d-pinned``, ``phase`` ``h2d``), or a one-line note where there is no CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return "GPU copies skipped: torch is not installed"
+    if not torch.cuda.is_available():
+        return "GPU copies skipped: no CUDA device here (torch.cuda.is_available() is False)"
+    host = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    rows = []
+    for method, tensor in (("h2d-pageable", host), ("h2d-pinned", host.pin_memory())):
+        tensor.to("cuda", non_blocking=False)  # warm-up: context, allocator
+        torch.cuda.synchronize()
+        for repeat in range(1, repeats + 1):
+            t0 = time.perf_counter_ns()
+            tensor.to("cuda", non_blocking=method == "h2d-pinned")
+            torch.cuda.synchronize()
+            ns = time.perf_counter_ns() - t0
+            rows.append({"method": method, "phase": "h2d", "file": f"({len(data)} B batch)", "bytes": len(data),
+                         "file_bytes": len(data), "repeat": repeat, "pass": 1, "concurrency": 1, "ns": ns,
+                         "cache_state": "page_warm", "eviction": torch.cuda.get_device_name(0)})
     return rows

@@ -1,0 +1,80 @@
+"""`dataferry bench --lab`, `dataferry bench FOLDER` and `dataferry report`, end to end on small data."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dataferry.bench import LAB_METHODS
+from dataferry.lab import plan_dataset
+from dataferry.timing import load_results
+
+FIGURES = {"first_vs_repeat", "by_region", "by_runtime", "per_epoch"}
+
+
+def _cli(*args, env=None):
+    proc = subprocess.run([sys.executable, "-m", "dataferry.cli", *args], capture_output=True, text=True,
+                          timeout=900, env={**__import__("os").environ, "MPLBACKEND": "Agg", **(env or {})})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def lab_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    stdout = _cli("bench", "--lab", "--files", "4", "--file-kib", "256", "--repeats", "2", "--passes", "2",
+                  "--profiles", "cross-continent", "--out", str(out / "run"), "--json", str(out / "methods.json"))
+    return out, stdout
+
+
+def test_lab_bench_has_every_methods_rows_with_state_and_region(lab_run):
+    out, stdout = lab_run
+    rows = load_results(out / "run")
+    epochs = rows[rows["phase"] == "epoch"]
+    assert (epochs["error"] == "").all(), epochs[epochs["error"] != ""]["error"].tolist()
+    assert set(epochs["method"]) == set(LAB_METHODS)
+    for method in LAB_METHODS:
+        got = epochs[epochs["method"] == method]
+        assert sorted(got["pass"].tolist()) == [1, 1, 2, 2], method
+    timed = rows[rows["phase"] != "h2d"]
+    assert (timed["region"] == "lab:cross-continent").all() and (timed["region_source"] == "lab").all()
+    assert (timed["cache_state"] != "").all()
+    assert set(rows[rows["phase"] == "read"]["cache_state"]) <= {"cold_verified", "cold_unverified", "page_warm",
+                                                                  "daemon_warm", "local_copy"}
+    assert set(rows["phase"]) >= {"list", "read", "download", "stage", "epoch"}
+    reads = rows[(rows["phase"] == "read") & (rows["error"] == "")]
+    assert (reads["bytes"] == 256 * 1024).all(), "bytes come from what the reads returned"
+    meta = json.loads((out / "run" / "run_meta.json").read_text())
+    assert meta["seed"] == 0 and meta["runtime"]["kind"] and meta["profiles"]["cross-continent"]["rtt_ms"] == 120
+
+
+def test_lab_bench_writes_figures_table_and_json(lab_run):
+    out, stdout = lab_run
+    summary = json.loads((out / "methods.json").read_text())
+    assert set(summary["figures"]) == FIGURES
+    for paths in summary["figures"].values():
+        assert all(Path(p).stat().st_size > 1000 for p in paths) and {Path(p).suffix for p in paths} == {".svg", ".png"}
+    assert "| lab:cross-continent | gcsfuse |" in stdout and "repeat / first" in stdout
+    checks = summary["checks"]["lab:cross-continent"]
+    assert 0.5 <= checks["gcsfuse_repeat_over_first"] <= 2, "gcsfuse without a file cache re-reads from the 'cloud'"
+    assert checks["dataferry_repeat_over_first"] >= 10, "a local copy beats a far-away bucket"
+
+
+def test_report_redraws_figures_from_result_files(lab_run, tmp_path):
+    out, _ = lab_run
+    stdout = _cli("report", str(out / "run"), "--out", str(tmp_path / "fig"))
+    assert {p.stem for p in (tmp_path / "fig").glob("*.png")} == FIGURES
+    assert "rows from 1 runs" in stdout
+
+
+def test_bench_on_a_folder(tmp_path):
+    plan_dataset(5, 10_000, seed=3, shard_bytes=None).write_to(tmp_path / "data")
+    stdout = _cli("bench", str(tmp_path / "data"), "--repeats", "1", "--out", str(tmp_path / "run"),
+                  "--region", "europe-west4")
+    rows = load_results(tmp_path / "run")
+    epochs = rows[rows["phase"] == "epoch"]
+    assert set(epochs["method"]) == {"folder", "dataferry"} and (epochs["error"] == "").all()
+    assert set(rows["region"]) - {""} == {"europe-west4"} and set(rows["region_source"]) - {""} == {"override"}
+    assert "| europe-west4 | folder |" in stdout

@@ -1,0 +1,187 @@
+"""Tests for dataferry.plots: files written, stable colours, what the boxes count, and empty input."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("seaborn")
+
+from dataferry.plots import (  # noqa: E402
+    METHOD_ORDER,
+    by_region,
+    by_runtime,
+    first_vs_repeat,
+    method_palette,
+    per_epoch,
+    standard_figures,
+)
+from dataferry.timing import COLUMNS  # noqa: E402
+
+METHODS = ("local", "gcsfuse", "api-serial")
+REGIONS = ("lab:cross-continent", "us-central1")
+BASE_MBPS = {"local": 2000.0, "gcsfuse": 80.0, "api-serial": 25.0}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _row(**values) -> dict:
+    row = {c: "" for c in COLUMNS}
+    row.update(run_id="r1", time_utc="2024-01-01T00:00:00Z", region_source="test", file_bytes=1_000_000,
+               concurrency=1, retries=0, cache_state="cold_verified", eviction="fadvise")
+    row.update(values)
+    return row
+
+
+def make_rows(methods=METHODS, passes=(1, 2), repeats=5, regions=REGIONS, runtimes=("local-cpu",),
+              seed=0) -> pd.DataFrame:
+    """Epoch rows for every combination, a few read rows, and one failed epoch row."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for method in methods:
+        for region in regions:
+            for runtime in runtimes:
+                for p in passes:
+                    for r in range(repeats):
+                        mbps = BASE_MBPS.get(method, 100.0) * (1 if p == 1 else 5) * rng.uniform(0.8, 1.2)
+                        nbytes = 100_000_000
+                        ns = int(nbytes / mbps * 1e3)
+                        rows.append(_row(method=method, region=region, runtime=runtime, file="", bytes=nbytes,
+                                         ns=ns, MBps=mbps, phase="epoch", repeat=r, error="", **{"pass": p}))
+                # read rows for the same groups: must not be counted in the epoch figures
+                rows.append(_row(method=method, region=region, runtime=runtimes[0], file="a.bin", bytes=1_000_000,
+                                 ns=10_000_000, MBps=100.0, phase="read", repeat=0, error="", **{"pass": 1}))
+    rows.append(_row(method=methods[0], region=regions[0], runtime=runtimes[0], phase="epoch", repeat=99,
+                     bytes=0, ns=1, MBps=1e7, error="TimeoutError: read timed out", **{"pass": 1}))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _n_labels(ax) -> list[int]:
+    return [int(m.group(1)) for t in ax.texts if (m := re.fullmatch(r"n=(\d+)", t.get_text()))]
+
+
+def _all_text(fig) -> str:
+    texts = [t.get_text() for t in fig.texts]
+    for ax in fig.axes:
+        texts += [t.get_text() for t in ax.texts] + [ax.get_title()]
+    return "\n".join(texts)
+
+
+def test_standard_figures_writes_svg_and_png(tmp_path):
+    rows = make_rows()
+    written = standard_figures(rows, tmp_path / "figs", prefix="t_")
+    assert set(written) == {"first_vs_repeat", "by_region", "by_runtime", "per_epoch"}
+    files = [p for paths in written.values() for p in paths]
+    assert len(files) == 8 and len(set(files)) == 8
+    assert sorted(p.suffix for p in files) == [".png"] * 4 + [".svg"] * 4
+    for name, (svg, png) in written.items():
+        assert svg.name == f"t_{name}.svg" and png.name == f"t_{name}.png"
+        assert svg.parent == tmp_path / "figs"
+        assert svg.stat().st_size > 0 and png.stat().st_size > 0
+        assert png.read_bytes()[:8] == PNG_MAGIC
+        text = "".join(ET.parse(svg).getroot().itertext())
+        for method in METHODS:
+            assert method in text, f"{method} not in {svg.name}"
+        assert "lab: offline lab profile" in text
+
+
+def test_method_palette_stable_and_distinct():
+    everything = method_palette([*METHOD_ORDER, "zz-custom", "aa-custom"])
+    assert len(set(everything.values())) == len(everything) == len(METHOD_ORDER) + 2
+    for method in METHOD_ORDER:
+        assert method_palette([method])[method] == everything[method]
+    assert method_palette(["gcsfuse", "local"]) == {m: everything[m] for m in ("gcsfuse", "local")}
+    assert method_palette(["zz-custom"])["zz-custom"] == method_palette(["zz-custom", "local"])["zz-custom"]
+    colour = everything["local"]
+    assert isinstance(colour, tuple) and len(colour) == 3 and all(0 <= c <= 1 for c in colour)
+
+
+def test_first_vs_repeat_present_methods_log_scale_and_n():
+    rows = make_rows(methods=("api-serial", "local"), regions=("us-central1",))
+    fig = first_vs_repeat(rows)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["local", "api-serial"]  # METHOD_ORDER, not input order
+    assert ax.get_yscale() == "log"
+    assert "log scale" in ax.get_ylabel()
+    assert _n_labels(ax) == [5, 5, 5, 5]  # 2 methods x (first read, repeat)
+    assert "us-central1" in ax.get_title() and "local-cpu" in ax.get_title()
+    assert "lab: offline" not in _all_text(fig)
+    assert "1 failed epoch" in _all_text(fig)
+
+
+def test_n_labels_match_group_sizes_when_pooled():
+    rows = make_rows()
+    ax = first_vs_repeat(rows).axes[0]
+    ok = rows[(rows["phase"] == "epoch") & (rows["error"] == "")]
+    expected = ok.groupby(["method", ok["pass"] >= 2]).size()
+    assert sorted(_n_labels(ax)) == sorted(expected.tolist()) == [10] * 6
+    assert "lab: offline lab profile, not a cloud measurement" in _all_text(ax.figure)
+
+
+def test_error_rows_are_excluded():
+    rows = make_rows(regions=("us-central1",))
+    failed = rows.iloc[[0]].assign(error="ConnectionError", MBps=5e6)
+    fig = first_vs_repeat(pd.concat([rows, failed], ignore_index=True))
+    ax = fig.axes[0]
+    assert _n_labels(ax) == [5] * 6
+    assert ax.get_ylim()[1] < 5e6
+
+
+def test_faceted_figures_and_per_epoch():
+    rows = make_rows()
+    fig = by_region(rows)
+    assert len(fig.axes) == 2
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == list(REGIONS)
+        assert ax.get_yscale() == "log"
+        assert _n_labels(ax) == [5] * 6  # 2 regions x 3 methods
+    fig = by_runtime(rows)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["local-cpu"]
+    assert _n_labels(fig.axes[0]) == [10] * 3
+    fig = per_epoch(rows)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert [label.split()[0] for label in labels] == ["local", "gcsfuse", "api-serial"]
+
+
+def test_empty_frame_says_no_data(tmp_path):
+    empty = pd.DataFrame(columns=COLUMNS)
+    for draw in (first_vs_repeat, by_region, by_runtime, per_epoch):
+        fig = draw(empty)
+        assert any(t.get_text() == "no data" for ax in fig.axes for t in ax.texts), draw.__name__
+    written = standard_figures(empty, tmp_path)
+    assert len(written) == 4
+    for svg, png in written.values():
+        assert png.read_bytes()[:8] == PNG_MAGIC
+        assert "no data" in "".join(ET.parse(svg).getroot().itertext())
+
+
+def test_panel_without_data_says_so_and_others_keep_their_ticks():
+    fig = by_region(make_rows(passes=(1,)))
+    first, repeat = fig.axes
+    assert _n_labels(first) == [5] * 6
+    assert any(t.get_text() == "no data" for t in repeat.texts)
+    assert not any(t.get_text() == "no data" for t in first.texts)
+    assert len(first.get_yticks()) > 0
+
+
+def test_first_vs_repeat_on_callers_axes():
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2)
+    try:
+        assert first_vs_repeat(make_rows(), ax=right) is fig
+        assert _n_labels(right) == [10] * 6 and _n_labels(left) == []
+        assert "lab: offline lab profile" in right.get_title()
+    finally:
+        plt.close(fig)
+
+
+def test_missing_columns_is_an_error():
+    with pytest.raises(ValueError, match="MBps"):
+        first_vs_repeat(pd.DataFrame({"method": ["local"]}))

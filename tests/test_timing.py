@@ -1,0 +1,98 @@
+"""The harness: cache-state control, spans, result files that survive interruption."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from dataferry.timing import (COLUMNS, SCHEMA_VERSION, Results, evict, load_results, residency_state,
+                              resident_fraction, time_h2d, timed_read)
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3_000_000))
+    return path
+
+
+def test_eviction_makes_a_file_non_resident_and_the_state_says_so(data_file):
+    timed_read(data_file)
+    assert resident_fraction(data_file) == 1.0
+    assert residency_state([data_file]) == "page_warm", "without eviction the state is warm"
+    report = evict([data_file])
+    assert resident_fraction(data_file) == 0.0
+    assert report.verified and report.cache_state == "cold_verified" and "posix_fadvise" in report.method
+    assert residency_state([data_file]) == "cold_verified"
+    with open(data_file, "rb") as f:
+        f.read(100_000)  # part of it back in memory
+    assert residency_state([data_file]) == "cold_unverified"
+
+
+def test_timed_read_spans_and_bytes(data_file):
+    s = timed_read(data_file, chunk=1 << 20)
+    assert s.bytes == 3_000_000
+    assert 0 < s.first_byte_ns <= s.read_ns
+    assert s.ns == s.open_ns + s.read_ns + s.close_ns
+    assert s.MBps == pytest.approx(3_000_000 / s.ns * 1e3)
+
+
+def _row(i):
+    return dict(method="local", region="lab:x", region_source="lab", runtime="local-cpu", file=f"f{i}",
+                file_bytes=100, bytes=100, repeat=1, cache_state="cold_verified", phase="read", ns=1000 + i,
+                concurrency=1, **{"pass": 1})
+
+
+def test_results_round_trip(tmp_path):
+    with Results(tmp_path / "run", {"seed": 7}) as results:
+        written = [results.add(**_row(i)) for i in range(5)]
+        results.add(method="gcsfuse", phase="epoch", error="MountError: boom", **{"pass": 0})
+    rows = load_results(tmp_path / "run")
+    assert list(rows.columns) == COLUMNS and len(rows) == 6
+    assert rows["ns"].tolist()[:5] == [w["ns"] for w in written]
+    assert rows["MBps"].tolist()[:5] == pytest.approx([100 / (1000 + i) * 1e3 for i in range(5)])
+    assert rows["error"].tolist()[-1] == "MountError: boom" and rows["error"].tolist()[0] == ""
+    meta = json.loads((tmp_path / "run" / "run_meta.json").read_text())
+    assert meta["schema_version"] == SCHEMA_VERSION and meta["seed"] == 7 and meta["rows"] == 6
+    with pytest.raises(ValueError, match="unknown result columns"):
+        Results(tmp_path / "other").add(speed=1)
+
+
+def test_an_interrupted_run_keeps_its_rows(tmp_path):
+    code = (
+        "import os, signal, sys\n"
+        "from dataferry.timing import Results\n"
+        "r = Results(sys.argv[1])\n"
+        "for i in range(7):\n"
+        "    r.add(method='m', phase='read', bytes=1, ns=1, file=str(i))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")])
+    assert proc.returncode == -signal.SIGKILL
+    assert load_results(tmp_path / "run")["file"].tolist() == [str(i) for i in range(7)]
+
+
+def test_load_results_pools_runs_and_refuses_other_schemas(tmp_path):
+    for name in ("a", "b"):
+        with Results(tmp_path / name) as r:
+            r.add(**_row(0))
+    assert load_results(tmp_path)["run_id"].nunique() == 2
+    meta = tmp_path / "b" / "run_meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "schema_version": 99}))
+    with pytest.raises(ValueError, match="schema version 99"):
+        load_results(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        load_results(tmp_path / "nothing-here")
+
+
+def test_gpu_copies_say_why_they_are_skipped_without_cuda():
+    import torch
+
+    out = time_h2d(b"x" * 1000, repeats=2)
+    if torch.cuda.is_available():
+        assert {r["method"] for r in out} == {"h2d-pageable", "h2d-pinned"} and len(out) == 4
+    else:
+        assert out == "GPU copies skipped: no CUDA device here (torch.cuda.is_available() is False)"

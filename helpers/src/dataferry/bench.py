@@ -31,7 +31,8 @@ from dataferry.sources import GCSSource
 from dataferry.stage import DEFAULT_WORKERS, stage
 from dataferry.timing import Results, evict, timed_read
 
-__all__ = ["bench_cache", "compare_methods", "bench_lab", "bench_source", "Target", "LAB_METHODS", "summary_table"]
+__all__ = ["bench_cache", "compare_methods", "measure", "lab_target", "bench_lab", "bench_source", "Target",
+           "LAB_METHODS", "summary", "summary_table"]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -482,6 +483,17 @@ def _finish(results: Results, out: Path, json_path: Path, say: Callable[[str], N
     return result
 
 
+def _bucket_location(target: Target) -> str | None:
+    """The bucket's location (region analysis needs both ends), or None for a folder or when not allowed."""
+    if target.bucket is None:
+        return None
+    try:
+        target.bucket.reload()
+        return target.bucket.location
+    except Exception:  # noqa: BLE001 - reading bucket metadata needs a permission many readers lack
+        return None
+
+
 def _gpu_rows(results: Results, batch: bytes, common: dict[str, str], say: Callable[[str], None]) -> str:
     """Time host-to-device copies of a loaded batch where there is CUDA; say so where there is not."""
     from dataferry.timing import time_h2d
@@ -528,17 +540,13 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
     try:
         if not lab.status()["gcsfuse"]["available"]:
             say(f"gcsfuse unavailable ({lab.status()['gcsfuse']['why']}): its methods become error rows")
-        ds = lab.make_dataset("bench-methods", n_files, file_bytes, prefix="m", seed=seed, shard_bytes=None)
-        ds.write_to(work / "local")
-        client = lab.client()
-        target = Target(names=list(ds.sizes), sizes=dict(ds.sizes), bucket=client.bucket("bench-methods"),
-                        prefix="m/files/", local_copy=work / "local" / "m" / "files",
-                        source=GCSSource("bench-methods", "m/files/", client=client),
-                        mount=lambda file_cache: lab.mount("bench-methods", file_cache=file_cache))
+        target = lab_target(lab, "bench-methods", n_files, file_bytes, seed=seed, work=work)
         runtime = capture(str(work))
         meta = {"experiment": "methods", "where": "offline lab (not cloud numbers)", "runtime": runtime.to_dict(),
                 "seed": seed, "passes": passes, "repeats": repeats, "methods": list(methods),
-                "dataset": {"files": n_files, "file_bytes": file_bytes, "total_bytes": ds.total_bytes},
+                "dataset": {"files": n_files, "file_bytes": file_bytes, "total_bytes": target.total_bytes,
+                            "over_ram": target.total_bytes / runtime.ram_bytes},
+                "bucket_location": "lab (fake-gcs-server; the profile stands for the distance)",
                 "profiles": {n: {"rtt_ms": PROFILES[n].rtt_ms, "bandwidth_MBps": PROFILES[n].bandwidth_MBps,
                                  "assumption": PROFILES[n].assumption} for n in profiles},
                 "gcsfuse": {"version": lab.status()["gcsfuse"].get("version"),
@@ -555,7 +563,7 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
                 compare_methods(target, results, methods, region=detect_region(lab_profile=profile),
                                 runtime_kind=runtime.kind, passes=passes, repeats=repeats, seed=seed, work=work,
                                 progress=bar)
-        batch = ds.content(ds.object_names[0]) * max(1, (64 * MiB) // file_bytes)
+        batch = (target.local_copy / target.names[0]).read_bytes() * max(1, (64 * MiB) // file_bytes)
         gpu = _gpu_rows(results, batch, {"runtime": runtime.kind, "region": "", "region_source": ""}, say)
         result = _finish(results, out, Path(json_path), say, {"gpu": gpu})
         result["checks"] = _lab_checks(result)
@@ -602,9 +610,11 @@ def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
     methods = list(methods or default)
     where = detect_region(region)
     runtime = capture(str(work), region=where)
+    total = sum(sizes.values())
     meta = {"experiment": "methods", "where": uri, "runtime": runtime.to_dict(), "seed": seed, "passes": passes,
-            "repeats": repeats, "methods": methods,
-            "dataset": {"files": len(chosen), "total_bytes": sum(sizes.values()), "of_files": len(entries)}}
+            "repeats": repeats, "methods": methods, "bucket_location": _bucket_location(target),
+            "dataset": {"files": len(chosen), "total_bytes": total, "of_files": len(entries),
+                        "over_ram": total / runtime.ram_bytes if runtime.ram_bytes else None}}
     results = Results(out, meta)
     say(f"comparing {', '.join(methods)} over {len(chosen)} files of {uri} ({sum(sizes.values()) / 1e6:.1f} MB), "
         f"region {where}, runtime {runtime.kind}; rows go to {results.csv_path}")
@@ -618,3 +628,39 @@ def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
         return _finish(results, out, Path(json_path or out / "methods.json"), say, {"gpu": gpu})
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def lab_target(lab: Lab, bucket: str, n_files: int, file_bytes: int, *, seed: int = 0,
+               work: str | os.PathLike[str] | None = None) -> Target:
+    """Make a synthetic dataset in a lab bucket (and a plain local copy) and describe it as a
+    :class:`Target` for :func:`measure`, with gcsfuse mounts when the lab has gcsfuse."""
+    work = Path(work or tempfile.mkdtemp(prefix="dataferry-target-"))
+    ds = lab.make_dataset(bucket, n_files, file_bytes, prefix="m", seed=seed, shard_bytes=None)
+    ds.write_to(work / "local")
+    client = lab.client()
+    mount = (lambda file_cache: lab.mount(bucket, file_cache=file_cache)) if lab.status()["gcsfuse"]["available"] else None
+    return Target(names=list(ds.sizes), sizes=dict(ds.sizes), bucket=client.bucket(bucket), prefix="m/files/",
+                  local_copy=work / "local" / "m" / "files", source=GCSSource(bucket, "m/files/", client=client),
+                  mount=mount)
+
+
+def measure(target: Target, methods: Sequence[str], out: str | os.PathLike[str], *, region: Any = None,
+            passes: int = 2, repeats: int = 3, seed: int = 0, meta: dict[str, Any] | None = None):
+    """Run :func:`compare_methods` into ``out/results.csv`` and return the rows as a DataFrame.
+
+    The one call a lesson or notebook needs: region defaults to :func:`dataferry.runtime.detect_region`
+    (pass the lab's, e.g. ``detect_region(lab_profile=...)``), the runtime is captured once."""
+    from tqdm.auto import tqdm
+
+    from dataferry.runtime import capture, detect_region
+    from dataferry.timing import load_results
+
+    region = region or detect_region()
+    runtime = capture(region=region)
+    with Results(out, {"experiment": "methods", "runtime": runtime.to_dict(), "seed": seed, "passes": passes,
+                       "repeats": repeats, "methods": list(methods), **(meta or {})}) as results:
+        with tqdm(total=repeats * len(methods) * passes, desc="measuring", unit="pass") as bar:
+            compare_methods(target, results, methods, region=region, runtime_kind=runtime.kind, passes=passes,
+                            repeats=repeats, seed=seed, progress=bar)
+    rows = load_results(results.csv_path)
+    return rows[rows["run_id"] == results.run_id].reset_index(drop=True)

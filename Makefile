@@ -1,6 +1,6 @@
 # Entry points. Every target sets up what it needs (venv, packages, lab tools) and reuses it next time.
-#   make lab    a one-minute tour of the offline lab (the course's main job until lessons land)
-#   make test   everything CI runs
+#   make course  the main job: every lesson executed against the offline lab, figures, the book
+#   make test    everything CI runs
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export DATAFERRY_TOOLS ?= $(CURDIR)/build/tools
 PYTEST_ARGS ?=
 
-.PHONY: venv tools test lab lab-down bench-cache bench-lab clean
+.PHONY: venv tools browser test course lab lab-down bench-cache bench-lab clean
 
 $(STAMP): helpers/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dataferry needs Python >= 3.10; set PYTHON=python3.x")'
@@ -23,8 +23,15 @@ venv: $(STAMP)
 tools: venv
 	@$(VENV)/bin/dataferry lab build
 
-test: tools
+# Debian's Chromium, for the test that opens the built book in a real browser.
+browser:
+	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+test: tools browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+course: tools
+	$(PY) scripts/course.py
 
 lab: tools
 	$(VENV)/bin/dataferry lab demo

@@ -20,14 +20,6 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 @pytest.fixture
-def lab_env(lab, monkeypatch):
-    """Point google-cloud-storage (here and in child processes) at the lab, as a user would."""
-    for k, v in lab.env().items():
-        monkeypatch.setenv(k, v)
-    return lab
-
-
-@pytest.fixture
 def dataset(lab_env, lab_bucket):
     ds = plan_dataset(40, 50_000, prefix="ds", seed=11, shard_bytes=None).upload(lab_bucket)
     return ds, GCSSource(lab_bucket.name, "ds/files/")

@@ -18,13 +18,6 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 @pytest.fixture
-def lab_env(lab, monkeypatch):
-    for k, v in lab.env().items():
-        monkeypatch.setenv(k, v)
-    return lab
-
-
-@pytest.fixture
 def dataset(lab_env, lab_bucket):
     ds = plan_dataset(48, 30_000, prefix="d", seed=21, shard_bytes=None).upload(lab_bucket)
     return ds, GCSSource(lab_bucket.name, "d/files/")

@@ -3,7 +3,9 @@
 - ``lab``: a running lab for the whole session, in its own state folder (it never touches a lab
   you started by hand), stopped at the end;
 - ``lab_bucket``: a fresh, empty bucket per test, deleted after it; the lab's profile is reset
-  to ``unshaped`` after the test so that shaping never leaks into the next one.
+  to ``unshaped`` after the test so that shaping never leaks into the next one;
+- ``lab_env``: the lab, with ``STORAGE_EMULATOR_HOST`` pointing at it for this test (and the
+  processes it starts), so code that makes its own google-cloud-storage client reaches the lab.
 """
 
 from __future__ import annotations
@@ -36,3 +38,11 @@ def lab_bucket(lab: Lab):
     finally:
         lab.set_profile("unshaped")
         lab.delete_bucket(name)
+
+
+@pytest.fixture
+def lab_env(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Lab:
+    """The session lab, with its endpoint in the environment for the duration of the test."""
+    for key, value in lab.env().items():
+        monkeypatch.setenv(key, value)
+    return lab

@@ -28,10 +28,10 @@ from dataferry.cache import Cache
 from dataferry.lab import Lab
 from dataferry.lab.profiles import PROFILES
 from dataferry.sources import GCSSource
-from dataferry.stage import DEFAULT_WORKERS, stage
+from dataferry.stage import DEFAULT_WORKERS, stage, tqdm
 from dataferry.timing import Results, evict, timed_read
 
-__all__ = ["bench_cache", "compare_methods", "measure", "lab_target", "bench_lab", "bench_source", "Target",
+__all__ = ["bench_cache", "compare_methods", "measure", "lab_target", "source_target", "bench_lab", "bench_source", "Target",
            "LAB_METHODS", "summary", "summary_table"]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -437,33 +437,36 @@ def summary(rows: Any) -> dict[str, Any]:
     epochs = rows[(rows["phase"] == "epoch") & (rows["pass"] >= 1)].copy()
     epochs["pass"] = epochs["pass"].astype(int)
     ok = epochs[epochs["error"] == ""]
-    cells = summarize_frame(epochs, ["region", "method", "pass"]).to_dict("records")
+    # File size is an axis (MEASUREMENT.md rule 9): never pool different sizes into one cell.
+    cells = summarize_frame(epochs, ["region", "method", "file_bytes", "pass"]).to_dict("records")
     ratios = []
-    for (region, method), g in ok.groupby(["region", "method"]):
+    for (region, method, size), g in ok.groupby(["region", "method", "file_bytes"]):
         first, repeat = g[g["pass"] == 1]["MBps"], g[g["pass"] >= 2]["MBps"]
         if len(first) and len(repeat):
             r, lo, hi = speedup(repeat.to_numpy(float), first.to_numpy(float))
-            ratios.append({"region": region, "method": method, "repeat_over_first": r, "ci_low": lo, "ci_high": hi})
+            ratios.append({"region": region, "method": method, "file_bytes": size, "repeat_over_first": r,
+                           "ci_low": lo, "ci_high": hi})
     return {"cells": cells, "ratios": ratios}
 
 
 def summary_table(result: dict[str, Any]) -> str:
     """A markdown table: median MB/s of the first and repeated epochs, and their ratio, per region and method."""
-    med = {(c["region"], c["method"], c["pass"]): c for c in result["cells"]}
-    ratio = {(r["region"], r["method"]): r for r in result["ratios"]}
-    lines = ["| region | method | first read MB/s (n) | repeat MB/s (n) | repeat / first [95% CI] |",
-             "|---|---|---|---|---|"]
-    for region, method in sorted({(c["region"], c["method"]) for c in result["cells"]}):
-        first = med.get((region, method, 1))
-        repeats = [c for (rg, m, ps), c in med.items() if rg == region and m == method and ps >= 2]
-        rep = repeats[0] if repeats else None
-        r = ratio.get((region, method))
+    med = {(c["region"], c["method"], c["file_bytes"], c["pass"]): c for c in result["cells"]}
+    ratio = {(r["region"], r["method"], r["file_bytes"]): r for r in result["ratios"]}
+    lines = ["| region | method | file size | first read MB/s (n) | repeat MB/s (n) | repeat / first [95% CI] |",
+             "|---|---|---|---|---|---|"]
+    for key in sorted({(c["region"], c["method"], c["file_bytes"]) for c in result["cells"]}):
+        first = med.get((*key, 1))
+        repeats = [c for (*k, ps), c in med.items() if tuple(k) == key and ps >= 2]
+        r = ratio.get(key)
 
         def cell(c: dict | None) -> str:
             return f"{c['median']:.1f} ({c['n']})" if c and c["n"] else "-"
 
         rtxt = f"{r['repeat_over_first']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r else "-"
-        lines.append(f"| {region} | {method} | {cell(first)} | {cell(rep)} | {rtxt} |")
+        size = f"{key[2] / 1e6:g} MB" if key[2] == key[2] else "-"
+        lines.append(f"| {key[0]} | {key[1]} | {size} | {cell(first)} | {cell(repeats[0] if repeats else None)} "
+                     f"| {rtxt} |")
     return "\n".join(lines)
 
 
@@ -473,6 +476,7 @@ def _finish(results: Results, out: Path, json_path: Path, say: Callable[[str], N
 
     results.close()
     rows = load_results(results.csv_path)
+    rows = rows[rows["run_id"] == results.run_id]  # this run only, even in a folder that holds others
     result = {"run_id": results.run_id, "results": str(results.csv_path), **summary(rows), **(extra or {})}
     figures = standard_figures(rows, out / "figures")
     result["figures"] = {k: [str(p) for p in v] for k, v in figures.items()}
@@ -511,7 +515,7 @@ def _gpu_rows(results: Results, batch: bytes, common: dict[str, str], say: Calla
 def _lab_checks(result: dict[str, Any]) -> dict[str, Any]:
     """What the lab comparison is expected to show, as measured values."""
     ratios = {(r["region"], r["method"]): r["repeat_over_first"] for r in result["ratios"]}
-    med = {(c["region"], c["method"], c["pass"]): c["median"] for c in result["cells"] if c["n"]}
+    med = {(c["region"], c["method"], c["pass"]): c["median"] for c in result["cells"] if c["n"]}  # one size in the lab
     checks: dict[str, Any] = {}
     for region in sorted({c["region"] for c in result["cells"]}):
         local = med.get((region, "local", 2))
@@ -530,8 +534,6 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
               passes: int = 2, repeats: int = 5, seed: int = 0, say: Callable[[str], None] = print) -> dict:
     """The full comparison in a lab of its own: every method, first and repeated reads, under
     each region profile. Rows are labelled ``lab:<profile>``; nothing here is a cloud number."""
-    from tqdm.auto import tqdm
-
     from dataferry.runtime import capture, detect_region
 
     out = Path(out)
@@ -575,6 +577,31 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
         shutil.rmtree(work, ignore_errors=True)
 
 
+def source_target(uri: str, max_files: int = 200, seed: int = 0,
+                  work: str | os.PathLike[str] | None = None) -> Target:
+    """A :class:`Target` over your own data for :func:`measure`: a seeded sample of at most
+    ``max_files`` files of ``gs://bucket/prefix`` (with gcsfuse mounts when gcsfuse is installed)
+    or of a folder such as a Drive or gcsfuse mount."""
+    from dataferry.mounts import mount_gcsfuse
+    from dataferry.sources import LocalSource, from_uri
+
+    source = from_uri(uri)
+    entries = sorted(source.list(), key=lambda e: e.name)
+    if not entries:
+        raise ValueError(f"{uri} holds no files")
+    chosen = sorted(random.Random(seed).sample(entries, min(max_files, len(entries))), key=lambda e: e.name)
+    sizes = {e.name: e.size for e in chosen}
+    if isinstance(source, LocalSource):
+        return Target(names=list(sizes), sizes=sizes, folder=source.root, source=source)
+    work = Path(work or tempfile.mkdtemp(prefix="dataferry-target-"))
+
+    def mount(file_cache: bool) -> Any:
+        return mount_gcsfuse(source.bucket, cache_dir=work / f"gcsfuse-cache-{time.monotonic_ns()}" if file_cache else None)
+
+    return Target(names=list(sizes), sizes=sizes, bucket=source._client_here().bucket(source.bucket),
+                  prefix=source.prefix, source=source, mount=mount if shutil.which("gcsfuse") else None)
+
+
 def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
                  json_path: str | os.PathLike[str] | None = None, methods: Sequence[str] | None = None,
                  max_files: int = 200, passes: int = 2, repeats: int = 5, seed: int = 0,
@@ -582,38 +609,21 @@ def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
     """The comparison on your own data: ``gs://bucket/prefix`` (API methods, dataferry, and gcsfuse
     when it is installed) or a folder such as a Drive or gcsfuse mount (the folder itself and
     dataferry). Works unchanged in Colab; rows carry the detected region and runtime."""
-    from tqdm.auto import tqdm
-
-    from dataferry.mounts import mount_gcsfuse
     from dataferry.runtime import capture, detect_region
-    from dataferry.sources import LocalSource, from_uri
 
     out = Path(out)
-    source = from_uri(uri)
-    rng = random.Random(seed)
-    entries = sorted(source.list(), key=lambda e: e.name)
-    if not entries:
-        raise ValueError(f"{uri} holds no files")
-    chosen = sorted(rng.sample(entries, min(max_files, len(entries))), key=lambda e: e.name)
-    sizes = {e.name: e.size for e in chosen}
     work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
-    if isinstance(source, LocalSource):
-        target = Target(names=list(sizes), sizes=sizes, folder=source.root, source=source)
-        default = ["folder", "dataferry"]
-    else:
-        client = source._client_here()
-        gcsfuse = shutil.which("gcsfuse")
-        target = Target(names=list(sizes), sizes=sizes, bucket=client.bucket(source.bucket), prefix=source.prefix,
-                        source=source, mount=lambda fc: mount_gcsfuse(
-                            source.bucket, cache_dir=(work / f"gcsfuse-cache-{time.monotonic_ns()}") if fc else None))
-        default = ["api-serial", "api-parallel", "dataferry"] + (["gcsfuse", "gcsfuse-cache"] if gcsfuse else [])
+    target = source_target(uri, max_files=max_files, seed=seed, work=work)
+    source, chosen, sizes = target.source, target.names, target.sizes
+    default = (["folder", "dataferry"] if target.bucket is None else
+               ["api-serial", "api-parallel", "dataferry"] + (["gcsfuse", "gcsfuse-cache"] if target.mount else []))
     methods = list(methods or default)
     where = detect_region(region)
     runtime = capture(str(work), region=where)
     total = sum(sizes.values())
     meta = {"experiment": "methods", "where": uri, "runtime": runtime.to_dict(), "seed": seed, "passes": passes,
             "repeats": repeats, "methods": methods, "bucket_location": _bucket_location(target),
-            "dataset": {"files": len(chosen), "total_bytes": total, "of_files": len(entries),
+            "dataset": {"files": len(chosen), "total_bytes": total,
                         "over_ram": total / runtime.ram_bytes if runtime.ram_bytes else None}}
     results = Results(out, meta)
     say(f"comparing {', '.join(methods)} over {len(chosen)} files of {uri} ({sum(sizes.values()) / 1e6:.1f} MB), "
@@ -622,7 +632,7 @@ def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
         with tqdm(total=repeats * len(methods) * passes, desc="bench", unit="pass") as bar:
             compare_methods(target, results, methods, region=where, runtime_kind=runtime.kind, passes=passes,
                             repeats=repeats, seed=seed, work=work, progress=bar)
-        batch = b"".join(Cache(work / "h2d").read(source, e) for e in chosen[:8])
+        batch = b"".join(Cache(work / "h2d").read(source, name) for name in chosen[:8])
         gpu = _gpu_rows(results, batch, {"runtime": runtime.kind, "region": where.region,
                                          "region_source": where.source}, say)
         return _finish(results, out, Path(json_path or out / "methods.json"), say, {"gpu": gpu})
@@ -650,8 +660,6 @@ def measure(target: Target, methods: Sequence[str], out: str | os.PathLike[str],
 
     The one call a lesson or notebook needs: region defaults to :func:`dataferry.runtime.detect_region`
     (pass the lab's, e.g. ``detect_region(lab_profile=...)``), the runtime is captured once."""
-    from tqdm.auto import tqdm
-
     from dataferry.runtime import capture, detect_region
     from dataferry.timing import load_results
 

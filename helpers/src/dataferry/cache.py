@@ -775,6 +775,6 @@ class Cache:
 
     def __repr__(self) -> str:
         n, used = self.usage()
-        budget = f" of {self.max_bytes / 1e9:.2f} GB" if self.max_bytes is not None else ""
-        return f"<Cache {self.root}: {n} entries, {used / 1e9:.3f} GB{budget}>"
+        budget = f" of {self.max_bytes / 1e6:,.1f} MB" if self.max_bytes is not None else ""
+        return f"<Cache {self.root}: {n} entries, {used / 1e6:,.1f} MB{budget}>"
 

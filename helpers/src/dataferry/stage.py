@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from tqdm.auto import tqdm
+with warnings.catch_warnings():
+    # Without ipywidgets, tqdm.auto falls back to a text bar and warns; the text bar is fine.
+    warnings.filterwarnings("ignore", message="IProgress not found")
+    from tqdm.auto import tqdm
 
 from dataferry.cache import Cache
 from dataferry.sources import Entry, Source
 
-__all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "shard_of"]
+__all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "shard_of", "tqdm"]
 
 DEFAULT_WORKERS = 32
 

@@ -458,8 +458,13 @@ class Lab:
                                  f"lab.create_bucket({name!r})") from None
 
     def delete_bucket(self, name: str) -> None:
-        """Delete a lab bucket and everything in it."""
-        self.bucket(name, direct=True).delete(force=True)
+        """Delete a lab bucket and everything in it (any number of objects)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        bucket = self.bucket(name, direct=True)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda blob: blob.delete(), bucket.list_blobs()))
+        bucket.delete()
 
     def make_dataset(self, bucket: str, n_files: int, size: int | LogNormal, *, create: bool = True,
                      **plan: Any) -> SyntheticDataset:

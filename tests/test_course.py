@@ -1,0 +1,147 @@
+"""The course: lessons are well-formed, execute with papermill (and under nbval) against the lab,
+and the book builds without warnings and shows every lesson with its figures in a real browser."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+REPO = tomllib.loads((ROOT / "helpers" / "pyproject.toml").read_text())["project"]["urls"]["Source"]
+OWNER_REPO = REPO.removeprefix("https://github.com/")
+EXPECTED = ["00_start_here", "01_google_drive", "02_gcsfuse", "03_gcs_client", "04_stage_to_local_disk",
+            "05_small_files_and_shards", "06_measure_by_region", "07_analysis"]
+COLAB_IMPORT = re.compile(r"^\s*(from\s+google\.colab\b|import\s+google\.colab\b|from\s+google\s+import\s+colab\b)", re.M)
+
+
+def _cells(path):
+    return json.loads(path.read_text())["cells"]
+
+
+def _source(cell):
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def test_all_eight_lessons_exist():
+    assert [p.stem for p in LESSONS] == EXPECTED
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_lesson_is_well_formed(path):
+    nb = json.loads(path.read_text())
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    cells = nb["cells"]
+    for cell in cells:
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [] and cell.get("execution_count") is None, "outputs must be stripped"
+    badge = f"https://colab.research.google.com/github/{OWNER_REPO}/blob/main/notebooks/{path.name}"
+    assert cells[0]["cell_type"] == "markdown" and badge in _source(cells[0]), "badge must point at this file"
+    assert "colab-badge.svg" in _source(cells[0])
+    code = [c for c in cells if c["cell_type"] == "code"]
+    setup = _source(code[0])
+    assert 'if "google.colab" in sys.modules:' in setup, "the setup cell installs only in Colab"
+    assert f'"dataferry @ git+{REPO}#subdirectory=helpers"' in setup
+    tagged = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1 and "LAB = True" in _source(tagged[0]), "one parameters cell, offline by default"
+    for cell in code:
+        assert not COLAB_IMPORT.search(_source(cell)), "google.colab is imported only inside the helpers"
+
+
+def test_google_colab_imported_only_inside_the_guarded_helpers():
+    for py in (ROOT / "helpers" / "src").rglob("*.py"):
+        for m in COLAB_IMPORT.finditer(py.read_text()):
+            assert py.name == "mounts.py", f"{py}: imports google.colab"
+            line = py.read_text()[m.start():].splitlines()[0]
+            assert line.startswith("    "), f"{py}: google.colab must be imported inside a function"
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """The whole course with CI parameters, as `make course` runs it (lab, papermill, book)."""
+    out = tmp_path_factory.mktemp("course")
+    env = {**os.environ, "DATAFERRY_LAB_STATE": str(out / "lab-state")}
+    env.pop("MPLBACKEND", None)  # the kernels' own inline backend embeds the figures
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "--ci", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out, proc.stdout
+
+
+def test_every_lesson_executes_under_ci_parameters(course):
+    out, stdout = course
+    for path in LESSONS:
+        executed = json.loads((out / "notebooks" / path.name).read_text())
+        errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        assert not errors, f"{path.name}: {errors[:1]}"
+        assert any(c.get("outputs") for c in executed["cells"] if c["cell_type"] == "code")
+        assert f"{path.stem} ..." in stdout, "progress names each lesson"
+    assert "lab stopped" in stdout and "the book:" in stdout
+
+
+def test_book_pages_load_with_their_figures_in_chromium(course):
+    out, _ = course
+    html = out / "book" / "_build" / "html"
+    pages = [html / "intro.html", html / "method.html", html / "results.html"] + \
+            [html / "notebooks" / f"{p.stem}.html" for p in LESSONS]
+    for page in pages:
+        assert page.exists(), page
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        try:
+            page = browser.new_page()
+            for path in pages:
+                page.goto(path.as_uri())
+                page.wait_for_load_state("load")
+                images = page.eval_on_selector_all("img", "els => els.map(e => [e.currentSrc, e.complete, e.naturalWidth])")
+                # Remote images (the Colab badge) cannot load on a machine without internet; every
+                # image the book itself ships must.
+                broken = [src for src, complete, width in images
+                          if src.startswith("file://") and (not complete or width == 0)]
+                assert not broken, f"{path.name}: broken images {broken}"
+                if path.parent.name == "notebooks" or path.name == "results.html":
+                    assert any(w > 0 for src, _, w in images if "_images" in src or "figures" in src), \
+                        f"{path.name}: no figure"
+                links = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
+                for href in links:
+                    if href.startswith("file://"):
+                        target = Path(href.removeprefix("file://").split("#")[0].split("?")[0])
+                        assert target.exists(), f"{path.name}: link to missing {target}"
+        finally:
+            browser.close()
+
+
+def test_lessons_run_under_nbval(tmp_path):
+    """`pytest --nbval-lax` on the lessons, after `papermill --prepare-only` injects the CI parameters."""
+    from dataferry.lab import Lab
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from course import parameters_for
+
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    for path in LESSONS:
+        params = parameters_for(path, True, tmp_path)
+        args = [x for k, v in params.items() for x in ("-p", k, str(v))]
+        subprocess.run([str(Path(sys.executable).parent / "papermill"), "--prepare-only", str(path),
+                        str(prepared / path.name), *args], check=True, capture_output=True, timeout=120)
+    lab = Lab(state_dir=tmp_path / "lab-state").up()
+    try:
+        env = {**os.environ, "DATAFERRY_LAB_STATE": str(tmp_path / "lab-state")}
+        env.pop("MPLBACKEND", None)
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
+                               "-o", "testpaths=", *map(str, sorted(prepared.glob("*.ipynb")))],
+                              cwd=ROOT / "notebooks", capture_output=True, text=True, timeout=1200, env=env)
+    finally:
+        lab.down()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert re.search(r"\d+ passed", proc.stdout) and "failed" not in proc.stdout.splitlines()[-1]

@@ -31,6 +31,8 @@ def parameters_for(notebook: Path, ci: bool, out: Path) -> dict:
     import papermill
 
     declared = {p for p in papermill.inspect_notebook(str(notebook))}
+    if not ci and out == ROOT / "build":
+        return {}  # the lessons' own defaults already write there (and the book shows no injected cell)
     params = {"RESULTS_DIR": str(out / "results"), "FIGURES_DIR": str(out / "ci-figures" if ci else ROOT / "figures")}
     if ci:
         params.update(CI_PARAMETERS)

@@ -21,9 +21,12 @@ Stage first when the data fits on local disk and you want epoch 1 to run at full
 on first read when you want to start training at once, or the data only partly fits (the LRU
 budget keeps the most recently used part).
 
-Modules, lowest floor first: ``sources`` (where bytes live), ``mounts`` (gcsfuse and Drive),
-``cache`` (the local cache), ``stage`` (parallel staging, prefetch), ``dataset`` (PyTorch),
-``lab`` (the offline cloud for tests and lessons), ``cli`` (the ``dataferry`` command).
+Modules, lowest floor first: ``sources`` (where bytes live), ``mounts`` (gcsfuse, Drive and the
+Colab helpers), ``runtime`` (what we run on, which region), ``cache`` (the local cache), ``stage``
+(parallel staging, prefetch), ``dataset`` (PyTorch), ``timing`` (cache-state control, timed reads,
+result files), ``stats`` (medians, bootstrap intervals), ``plots`` (the standard figures),
+``bench`` (ready-made experiments), ``lab`` (the offline cloud for tests and lessons), ``cli``
+(the ``dataferry`` command).
 Names are imported lazily, so ``import dataferry`` needs neither torch nor a network.
 """
 

@@ -411,8 +411,12 @@ def compare_methods(target: Target, results: Results, methods: Sequence[str], *,
     that fails becomes an error row and the others go on."""
     if passes < 1 or repeats < 1:
         raise ValueError("passes and repeats must be >= 1")
+    if work is None:
+        with tempfile.TemporaryDirectory(prefix="dataferry-compare-") as tmp:
+            return compare_methods(target, results, methods, region=region, runtime_kind=runtime_kind,
+                                   passes=passes, repeats=repeats, seed=seed, work=Path(tmp), progress=progress)
     rng = random.Random(seed)
-    work = Path(work or tempfile.mkdtemp(prefix="dataferry-compare-"))
+    work = Path(work)
     p = _Pass(results, {"region": region.region, "region_source": region.source, "runtime": runtime_kind}, target, work)
     for repeat in range(1, repeats + 1):
         methods_now, order = list(methods), list(target.names)

@@ -533,7 +533,10 @@ class Lab:
 
     def requests(self) -> list[tuple[str, str, int]]:
         """Every request fake-gcs-server has answered so far, as (method, path?query, status)."""
-        logfile = Path(self._require()["run_dir"]) / "logs" / "fake-gcs-server.log"
+        state = self.state  # not _require(): its health check would add a request of its own
+        if not state:
+            raise LabNotRunning(f"no lab is running for {self.state_dir}: start one with `dataferry lab up`")
+        logfile = Path(state["run_dir"]) / "logs" / "fake-gcs-server.log"
         out = []
         for m in _ACCESS_LINE.finditer(logfile.read_text(errors="replace")):
             out.append((m["method"], m["path"], int(m["status"])))

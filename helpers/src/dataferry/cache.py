@@ -301,11 +301,9 @@ class Cache:
         self.min_free_bytes = int(min_free_bytes)
         self.max_refetches = max_refetches
         self.retry_deadline_s = retry_deadline_s
-        self._objects = str(self.root / "objects")
-        self._locks = str(self.root / "locks")
-        self._tmp = str(self.root / "tmp")
-        for sub in ("tmp", "locks", *(f"objects/{i:02x}" for i in range(256))):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        if not (self.root / "objects" / "ff").is_dir():  # lay out the folder once
+            for sub in ("tmp", "locks", *(f"objects/{i:02x}" for i in range(256))):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
         tag = self.root / "CACHEDIR.TAG"
         if not tag.exists():
             tag.write_text("Signature: 8a477f597d28d172789f06886806bc55\n# dataferry cache: safe to delete\n")
@@ -345,6 +343,7 @@ class Cache:
     # -- per-process state (connections and locks never cross fork or pickle) -------------------
 
     def _init_process_state(self) -> None:
+        self._objects, self._locks, self._tmp = (str(self.root / sub) for sub in ("objects", "locks", "tmp"))
         self._pid = os.getpid()
         self._local = threading.local()
         self._mutex = threading.Lock()
@@ -366,7 +365,7 @@ class Cache:
         return self._index_writer
 
     def __getstate__(self) -> dict:
-        keep = ("root", "_objects", "_locks", "_tmp", "max_bytes", "min_free_bytes", "max_refetches", "retry_deadline_s")
+        keep = ("root", "max_bytes", "min_free_bytes", "max_refetches", "retry_deadline_s")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:

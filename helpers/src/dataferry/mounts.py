@@ -100,7 +100,8 @@ def _log_line(line: str) -> str:
         return line
 
 
-def _log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
+def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` of a daemon's log (gcsfuse's JSON lines shown as 'SEVERITY message')."""
     if path is None or not path.exists():
         return "(no log)"
     text = path.read_text(errors="replace").strip().splitlines()
@@ -197,7 +198,7 @@ class GcsfuseMount:
                 self.on_unmount(self)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return _log_tail(self.log_path, lines)
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> GcsfuseMount:
         return self
@@ -320,7 +321,7 @@ def mount_gcsfuse(
             problem = f"gcsfuse did not answer within {timeout:.0f} s while mounting gs://{bucket}{where}."
             break
         time.sleep(0.1)
-    tail = _log_tail(log)
+    tail = log_tail(log)
     if proc.poll() is None:
         proc.kill()
     proc.wait()

@@ -11,7 +11,6 @@ This module imports no other dataferry module.
 
 from __future__ import annotations
 
-import base64
 import errno
 import os
 import stat as statmod
@@ -80,10 +79,6 @@ def safe_name(name: str) -> str:
     if any(part in ("", ".", "..") for part in name.split("/")):
         raise ValueError(f"invalid object name {name!r}: '.', '..' and empty path parts are not allowed")
     return name
-
-
-def crc32c_b64(value: int) -> str:
-    return base64.b64encode(value.to_bytes(4, "big")).decode()
 
 
 # -- transient errors -----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ with warnings.catch_warnings():
 from dataferry.cache import Cache
 from dataferry.sources import Entry, Source
 
-__all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "shard_of", "tqdm"]
+__all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "shard_of"]
 
 DEFAULT_WORKERS = 32
 

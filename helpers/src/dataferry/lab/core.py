@@ -159,13 +159,6 @@ def _check_port_free(port: int) -> None:
             ) from None
 
 
-def _log_tail(path: Path, lines: int = 10) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 # ---------------------------------------------------------------------------------------------
 # the lab
 
@@ -328,7 +321,7 @@ class Lab:
             while True:
                 if not _alive(p["pid"], p["exe"]):
                     logfile = Path(state["run_dir"]) / "logs" / f"{name}.log"
-                    raise LabError(f"{name} exited at start-up; its log says:\n{_log_tail(logfile)}")
+                    raise LabError(f"{name} exited at start-up; its log says:\n{mounts.log_tail(logfile, 10)}")
                 with contextlib.suppress(requests.RequestException):
                     if requests.get(url, timeout=1).ok:
                         break

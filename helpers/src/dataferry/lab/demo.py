@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from dataferry.lab.core import Lab
 from dataferry.lab.profiles import PROFILES
+from dataferry.timing import evict, timed_read
 
 __all__ = ["run_demo"]
 
@@ -22,26 +22,10 @@ BUCKET = "lab-demo"
 NAME = "demo/object-20MB.bin"
 
 
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _rate(read: Callable[[], int]) -> float:
+def _api_rate(client) -> float:
     t0 = time.perf_counter_ns()
-    n = read()
-    return n / ((time.perf_counter_ns() - t0) / 1e9) / 1e6
-
-
-def _read_file(path: Path) -> int:
-    n = 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(1 << 20):
-            n += len(chunk)
-    return n
+    n = len(client.bucket(BUCKET).blob(NAME).download_as_bytes(checksum="crc32c"))
+    return n / (time.perf_counter_ns() - t0) * 1e3
 
 
 def run_demo(lab: Lab, say: Callable[[str], None] = print) -> list[dict]:
@@ -58,15 +42,15 @@ def run_demo(lab: Lab, say: Callable[[str], None] = print) -> list[dict]:
     for name in PROFILES:
         with lab.using_profile(name) as profile:
             client = lab.client()
-            api = _rate(lambda: len(client.bucket(BUCKET).blob(NAME).download_as_bytes(checksum="crc32c")))
+            api = _api_rate(client)
             row = {"region": profile.label, "api_first_MBps": api}
             if gcsfuse["available"]:
                 for cached in (False, True):
                     with lab.mount(BUCKET, file_cache=cached) as m:
                         path = m.mountpoint / NAME
-                        first = _rate(lambda: _read_file(path))
-                        _evict(path)
-                        repeat = _rate(lambda: _read_file(path))
+                        first = timed_read(path).MBps
+                        evict([path])
+                        repeat = timed_read(path).MBps
                     key = "gcsfuse_cache" if cached else "gcsfuse"
                     row[f"{key}_first_MBps"], row[f"{key}_repeat_MBps"] = first, repeat
             rows.append(row)

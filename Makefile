@@ -1,6 +1,6 @@
 # Entry points. Every target sets up what it needs (venv, packages, lab tools) and reuses it next time.
 #   make course  the main job: every lesson executed against the offline lab, figures, the book
-#   make test    everything CI runs
+#   make test    everything CI runs (the Colab rehearsal included)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export DATAFERRY_TOOLS ?= $(CURDIR)/build/tools
 PYTEST_ARGS ?=
 
-.PHONY: venv tools browser test course lab lab-down bench-cache bench-lab clean
+.PHONY: venv tools browser colab-venv colab-rehearsal test course lab lab-down bench-cache bench-lab clean
 
 $(STAMP): helpers/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dataferry needs Python >= 3.10; set PYTHON=python3.x")'
@@ -27,7 +27,15 @@ tools: venv
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
-test: tools browser
+# A virtual environment with Colab's preinstalled versions (scripts/colab/pip-freeze.txt), for the rehearsal.
+colab-venv: venv
+	@$(PY) scripts/colab_rehearsal.py setup
+
+# Every lesson executed as Colab runs it: Colab's versions, the setup cell's real install, no Go.
+colab-rehearsal: tools colab-venv
+	$(PY) scripts/colab_rehearsal.py
+
+test: tools browser colab-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 course: tools

@@ -10,6 +10,7 @@ Executed notebooks go to build/notebooks/, result CSVs to build/results/, figure
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -26,17 +27,25 @@ def lessons() -> list[Path]:
 
 
 def parameters_for(notebook: Path, ci: bool, out: Path) -> dict:
-    """The values papermill injects: where results and figures go, and in CI the small sizes
-    (only those the lesson's parameters cell declares)."""
+    """The values papermill injects: where results and figures go (the lessons' own default is the
+    learner's course folder), and in CI the small sizes (only those the lesson's parameters cell declares)."""
     import papermill
 
     declared = {p for p in papermill.inspect_notebook(str(notebook))}
-    if not ci and out == ROOT / "build":
-        return {}  # the lessons' own defaults already write there (and the book shows no injected cell)
     params = {"RESULTS_DIR": str(out / "results"), "FIGURES_DIR": str(out / "ci-figures" if ci else ROOT / "figures")}
     if ci:
         params.update(CI_PARAMETERS)
     return {k: v for k, v in params.items() if k in declared}
+
+
+def hide_injected_cell(executed: Path) -> None:
+    """Tag papermill's injected-parameters cell ``remove-cell``: the book shows the lesson as a learner sees it."""
+    nb = json.loads(executed.read_text())
+    for cell in nb["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "injected-parameters" in tags and "remove-cell" not in tags:
+            tags.append("remove-cell")
+    executed.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
 def execute(out: Path, ci: bool, only: list[str] | None = None) -> list[Path]:
@@ -51,6 +60,7 @@ def execute(out: Path, ci: bool, only: list[str] | None = None) -> list[Path]:
         t0 = time.monotonic()
         papermill.execute_notebook(str(nb), str(target), parameters=parameters_for(nb, ci, out),
                                    cwd=str(ROOT / "notebooks"), kernel_name="python3", progress_bar=False)
+        hide_injected_cell(target)
         print(f"{time.monotonic() - t0:.0f} s", flush=True)
         done.append(target)
     return done

@@ -78,3 +78,17 @@ def test_bench_on_a_folder(tmp_path):
     assert set(epochs["method"]) == {"folder", "dataferry"} and (epochs["error"] == "").all()
     assert set(rows["region"]) - {""} == {"europe-west4"} and set(rows["region_source"]) - {""} == {"override"}
     assert "| europe-west4 | folder |" in stdout
+
+
+def test_a_run_over_files_of_many_sizes_is_one_size_class(tmp_path):
+    """Real data sets (the public images) have files of many sizes: aggregate rows carry the run's mean
+    file size, so a run's epochs are never split by whichever file happened to be shuffled first."""
+    from dataferry.lab.datasets import LogNormal
+
+    plan = plan_dataset(12, LogNormal(20_000, 1.0), seed=5, shard_bytes=None).write_to(tmp_path / "data")
+    _cli("bench", str(tmp_path / "data"), "--repeats", "3", "--out", str(tmp_path / "run"))
+    rows = load_results(tmp_path / "run")
+    aggregate = rows[rows["phase"].isin(["epoch", "stage"])]
+    sizes = rows[rows["phase"] == "read"].groupby("file")["file_bytes"].first()
+    assert set(plan.sizes.values()) <= set(sizes), "single reads keep their own file's size"
+    assert len(aggregate) >= 6 and set(aggregate["file_bytes"]) == {round(sizes.sum() / len(sizes))}

@@ -46,11 +46,33 @@ def test_lesson_is_well_formed(path):
     code = [c for c in cells if c["cell_type"] == "code"]
     setup = _source(code[0])
     assert 'if "google.colab" in sys.modules:' in setup, "the setup cell installs only in Colab"
-    assert f'"dataferry @ git+{REPO}#subdirectory=helpers"' in setup
+    assert f'os.environ.get("DATAFERRY_INSTALL",' in setup and '%pip install -q "$requirement"' in setup, \
+        "one override, $DATAFERRY_INSTALL, replaces the whole requirement"
+    assert f'"dataferry @ git+{REPO}#subdirectory=helpers"' in setup, "the install URL is the package's Source URL"
     tagged = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
-    assert len(tagged) == 1 and "LAB = True" in _source(tagged[0]), "one parameters cell, offline by default"
+    assert len(tagged) == 1 and code[1] is tagged[0], "one parameters cell, right after the setup cell"
+    params = _source(tagged[0])
+    assert re.search(r'^WHERE = "auto" ', params, re.M), "WHERE decides, the same in every lesson"
+    assert re.search(r'^RESULTS_DIR = ""', params, re.M) and re.search(r'^FIGURES_DIR = ""', params, re.M), \
+        "results and figures default to the course folder, never to a path relative to the notebook"
+    assert "LAB = True" not in params and "../" not in params
+    assert f'Course("{path.stem}", WHERE, RESULTS_DIR, FIGURES_DIR)' in _source(code[2]), "the where cell follows"
+    assert "course.finish()" in _source(code[-1]), "each lesson ends by keeping what it measured"
     for cell in code:
         assert not COLAB_IMPORT.search(_source(cell)), "google.colab is imported only inside the helpers"
+
+
+def test_install_url_badges_and_readme_agree():
+    """The repository URL lives in pyproject.toml; the installed package, README and badges agree with it."""
+    from dataferry.course import repository
+
+    assert repository() == REPO
+    readme = (ROOT / "README.md").read_text()
+    assert f'pip install "dataferry @ git+{REPO}#subdirectory=helpers"' in readme
+    badges = re.findall(r"https://colab\.research\.google\.com/github/([^)\s]+)", readme)
+    assert len(badges) == len(LESSONS)
+    for badge, path in zip(badges, LESSONS):
+        assert badge == f"{OWNER_REPO}/blob/main/notebooks/{path.name}"
 
 
 def test_google_colab_imported_only_inside_the_guarded_helpers():

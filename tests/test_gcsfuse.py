@@ -70,7 +70,7 @@ def test_gcsfuse_itself_on_missing_bucket_raises_with_log_tail(gcsfuse_lab, tmp_
     gcsfuse = gcsfuse_lab.status()["gcsfuse"]["path"]
     with pytest.raises(MountError, match=r"(?s)gs://no-such-bucket does not exist at http://127.*gcsfuse log.*404"):
         mount_gcsfuse("no-such-bucket", tmp_path / "mnt", endpoint=gcsfuse_lab.endpoint, anonymous=True,
-                      gcsfuse=gcsfuse, config={"enable-hns": False}, timeout=60)
+                      gcsfuse=gcsfuse, timeout=60)
     assert not is_mounted(tmp_path / "mnt")
     assert not (tmp_path / "mnt").exists(), "the mount point it created is removed again"
 
@@ -79,5 +79,19 @@ def test_mount_onto_non_empty_folder_is_refused(gcsfuse_lab, lab_bucket, tmp_pat
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(MountError, match="not empty"):
         mount_gcsfuse(lab_bucket.name, tmp_path, endpoint=gcsfuse_lab.endpoint, anonymous=True,
-                      gcsfuse=gcsfuse_lab.status()["gcsfuse"]["path"], config={"enable-hns": False})
+                      gcsfuse=gcsfuse_lab.status()["gcsfuse"]["path"])
     assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_mount_reaches_an_emulator_through_the_variable_google_cloud_storage_honours(gcsfuse_lab, lab_bucket,
+                                                                                   tmp_path, monkeypatch):
+    """As in the Colab rehearsal: no endpoint given, STORAGE_EMULATOR_HOST set; the mount reads the
+    emulator's bytes, and a custom endpoint turns off the storage-layout probe emulators do not serve."""
+    lab_bucket.blob("x/y.bin").upload_from_string(b"emulated" * 1000)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcsfuse_lab.endpoint)
+    with mount_gcsfuse(lab_bucket.name, tmp_path / "mnt", anonymous=True,
+                       gcsfuse=gcsfuse_lab.status()["gcsfuse"]["path"], timeout=60) as m:
+        assert (m.mountpoint / "x" / "y.bin").read_bytes() == b"emulated" * 1000
+        assert f"--custom-endpoint {gcsfuse_lab.endpoint}/storage/v1/" in " ".join(m.args)
+        config = Path(m.args[m.args.index("--config-file") + 1]).read_text()
+        assert "enable-hns: false" in config

@@ -58,6 +58,23 @@ def test_pip_install_from_git_subdirectory(tmp_path):
     assert where.startswith(str(tmp_path / "t"))
 
 
+def test_builds_without_isolation_with_colabs_setuptools(tmp_path):
+    """Colab preinstalls setuptools 75: the package's metadata must build with it, no isolation."""
+    colab = ROOT / "build" / "colab" / "venv" / "bin" / "python"
+    if not colab.exists():
+        pytest.skip("no Colab-like venv (make colab-venv)")
+    version = subprocess.run([str(colab), "-c", "import setuptools; print(setuptools.__version__)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert version == "75.2.0", "the Colab venv has Colab's setuptools"
+    proc = subprocess.run([str(colab), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--target", str(tmp_path / "t"), str(ROOT / "helpers")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Warning" not in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "t" / "dataferry" / "course.py").exists()
+    assert (tmp_path / "t" / "dataferry" / "results" / "README.md").exists(), "shipped runs are package data"
+
+
 def test_console_script_runs():
     out = subprocess.run([str(Path(sys.executable).parent / "dataferry"), "--version"],
                          capture_output=True, text=True, check=True).stdout

@@ -190,3 +190,24 @@ def test_kind_labels() -> None:
 
 def test_not_in_colab() -> None:
     assert in_colab() is False
+
+
+def test_tpu_found_from_colab_variables_and_vfio_groups(monkeypatch, tmp_path) -> None:
+    """v5e/v6e TPU hosts expose /dev/vfio/N, older ones /dev/accel*; Colab sets TPU_ACCELERATOR_TYPE."""
+    from dataferry.runtime import _TPU_ENV_VARS, _tpu
+
+    for var in _TPU_ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    dev = tmp_path / "dev"
+    (dev / "vfio").mkdir(parents=True)
+    (dev / "vfio" / "vfio").touch()  # the container device alone is no TPU
+    assert _tpu(str(dev)) is None
+    (dev / "vfio" / "0").touch()
+    assert _tpu(str(dev)) == "tpu"
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    assert _tpu(str(tmp_path / "nothing")) == "tpu:v5litepod-1"
+    base = dict(cuda_devices=[], cpus=8, ram_bytes=48 * 2**30, disk_free_bytes=0, kernel="k", python="3.13")
+    rt = Runtime(colab=True, accelerator="tpu:v5litepod-1", **base)
+    assert rt.kind == "colab-tpu" and rt.tier == "high-RAM" and rt.to_dict()["tier"] == "high-RAM"
+    assert Runtime(colab=False, accelerator="cpu", **base).tier is None
+    assert Runtime(colab=True, accelerator="cpu", **{**base, "ram_bytes": 12 * 2**30}).tier == "standard"

@@ -96,3 +96,18 @@ def test_gpu_copies_say_why_they_are_skipped_without_cuda():
         assert {r["method"] for r in out} == {"h2d-pageable", "h2d-pinned"} and len(out) == 4
     else:
         assert out == "GPU copies skipped: no CUDA device here (torch.cuda.is_available() is False)"
+
+
+def test_every_row_carries_the_run_bucket_location_and_version_1_runs_still_load(tmp_path):
+    with Results(tmp_path / "new", {"bucket_location": "US-CENTRAL1"}) as r:
+        r.add(method="api-serial", file="a", bytes=10, ns=100)
+        r.add(method="api-serial", file="b", bytes=10, ns=100, bucket_location="EU")
+    rows = load_results(tmp_path / "new")
+    assert list(rows["bucket_location"]) == ["US-CENTRAL1", "EU"]
+    old = tmp_path / "old"
+    old.mkdir()
+    v1 = [c for c in COLUMNS if c != "bucket_location"]
+    (old / "results.csv").write_text(",".join(v1) + "\n" + ",".join("r1" if c == "run_id" else "" for c in v1) + "\n")
+    (old / "run_meta.json").write_text(json.dumps({"schema_version": 1}))
+    pooled = load_results([old, tmp_path / "new"])
+    assert sorted(pooled["bucket_location"]) == ["", "EU", "US-CENTRAL1"]

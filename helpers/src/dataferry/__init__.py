@@ -25,8 +25,9 @@ Modules, lowest floor first: ``sources`` (where bytes live), ``mounts`` (gcsfuse
 Colab helpers), ``runtime`` (what we run on, which region), ``cache`` (the local cache), ``stage``
 (parallel staging, prefetch), ``dataset`` (PyTorch), ``timing`` (cache-state control, timed reads,
 result files), ``stats`` (medians, bootstrap intervals), ``plots`` (the standard figures),
-``bench`` (ready-made experiments), ``lab`` (the offline cloud for tests and lessons), ``cli``
-(the ``dataferry`` command).
+``bench`` (ready-made experiments), ``course`` (the lessons' choices: which data, where results go,
+what the setup cell installs), ``lab`` (the offline cloud for tests and lessons), ``cli`` (the
+``dataferry`` command).
 Names are imported lazily, so ``import dataferry`` needs neither torch nor a network.
 """
 

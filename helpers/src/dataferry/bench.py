@@ -239,6 +239,11 @@ class Target:
     def total_bytes(self) -> int:
         return sum(self.sizes[n] for n in self.names)
 
+    @property
+    def mean_file_bytes(self) -> int:
+        """The size class of a whole pass's rows: real data sets mix sizes, so one file cannot stand for it."""
+        return round(self.total_bytes / len(self.names))
+
 
 class _Pass:
     """Runs one pass of one method and writes its rows."""
@@ -309,7 +314,7 @@ def _run_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], pass_
     t = p.target
     common = {"method": method, "pass": pass_no, **common}
     epoch_ns, concurrency, state = run(p, method, st, order, pass_no == 1, common)
-    p.row(phase="epoch", file=f"({len(order)} files)", file_bytes=t.sizes[order[0]], bytes=t.total_bytes,
+    p.row(phase="epoch", file=f"({len(order)} files)", file_bytes=t.mean_file_bytes, bytes=t.total_bytes,
           concurrency=concurrency, ns=epoch_ns, cache_state=state, **common)
 
 
@@ -363,7 +368,7 @@ def _api_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], first
             [(t.bucket.blob(t.prefix + n), str(copies[n])) for n in order], max_workers=concurrency,
             worker_type=transfer_manager.THREAD, raise_exception=False)
         errors = [f"{n}: {r!r}" for n, r in zip(order, outcome) if isinstance(r, Exception)]
-        p.row(phase="download", file=f"({len(order)} files)", file_bytes=t.sizes[order[0]], bytes=t.total_bytes,
+        p.row(phase="download", file=f"({len(order)} files)", file_bytes=t.mean_file_bytes, bytes=t.total_bytes,
               concurrency=concurrency, ns=time.perf_counter_ns() - t0, cache_state="cold_verified",
               error="; ".join(errors)[:2000], **common)
     p.read_files(copies, "page_warm", "none: just downloaded", **common)
@@ -380,7 +385,7 @@ def _dataferry_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str],
     if first:
         t0 = time.perf_counter_ns()
         report = stage(t.source, cache, [entries[n] for n in order], progress=False)
-        p.row(phase="stage", file=f"({report.files} files)", file_bytes=t.sizes[order[0]],
+        p.row(phase="stage", file=f"({report.files} files)", file_bytes=t.mean_file_bytes,
               bytes=report.bytes_fetched, concurrency=DEFAULT_WORKERS, ns=int(report.seconds * 1e9),
               retries=cache.stats().retries, cache_state="cold_verified",
               error="; ".join(f"{n}: {e}" for n, e in report.failures)[:2000], **common)
@@ -582,53 +587,61 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
 
 
 def source_target(uri: str, max_files: int = 200, seed: int = 0,
-                  work: str | os.PathLike[str] | None = None) -> Target:
+                  work: str | os.PathLike[str] | None = None, *, client: Any = None, suffix: str = "") -> Target:
     """A :class:`Target` over your own data for :func:`measure`: a seeded sample of at most
     ``max_files`` files of ``gs://bucket/prefix`` (with gcsfuse mounts when gcsfuse is installed)
-    or of a folder such as a Drive or gcsfuse mount."""
+    or of a folder such as a Drive or gcsfuse mount. ``client`` reads the bucket (default: your
+    credentials; an anonymous one reads public buckets, and its mounts are anonymous too);
+    ``suffix`` keeps only names that end so (e.g. ``".jpg"``)."""
     from dataferry.mounts import mount_gcsfuse
     from dataferry.sources import LocalSource, from_uri
 
-    source = from_uri(uri)
-    entries = sorted(source.list(), key=lambda e: e.name)
+    source = from_uri(uri, client=client)
+    entries = sorted((e for e in source.list() if e.name.endswith(suffix)), key=lambda e: e.name)
     if not entries:
-        raise ValueError(f"{uri} holds no files")
+        raise ValueError(f"{uri} holds no files" + (f" ending in {suffix!r}" if suffix else ""))
     chosen = sorted(random.Random(seed).sample(entries, min(max_files, len(entries))), key=lambda e: e.name)
     sizes = {e.name: e.size for e in chosen}
     if isinstance(source, LocalSource):
         return Target(names=list(sizes), sizes=sizes, folder=source.root, source=source)
     work = Path(work or tempfile.mkdtemp(prefix="dataferry-target-"))
+    gcs = source._client_here()
+    anonymous = type(getattr(gcs, "_credentials", None)).__name__ == "AnonymousCredentials"
 
     def mount(file_cache: bool) -> Any:
-        return mount_gcsfuse(source.bucket, cache_dir=work / f"gcsfuse-cache-{time.monotonic_ns()}" if file_cache else None)
+        return mount_gcsfuse(source.bucket, anonymous=anonymous,
+                             cache_dir=work / f"gcsfuse-cache-{time.monotonic_ns()}" if file_cache else None)
 
-    return Target(names=list(sizes), sizes=sizes, bucket=source._client_here().bucket(source.bucket),
-                  prefix=source.prefix, source=source, mount=mount if shutil.which("gcsfuse") else None)
+    return Target(names=list(sizes), sizes=sizes, bucket=gcs.bucket(source.bucket), prefix=source.prefix,
+                  source=source, mount=mount if shutil.which("gcsfuse") else None)
 
 
 def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
                  json_path: str | os.PathLike[str] | None = None, methods: Sequence[str] | None = None,
                  max_files: int = 200, passes: int = 2, repeats: int = 5, seed: int = 0,
-                 region: str | None = None, say: Callable[[str], None] = print) -> dict:
+                 region: Any = None, say: Callable[[str], None] = print, *, client: Any = None,
+                 suffix: str = "", meta: dict[str, Any] | None = None) -> dict:
     """The comparison on your own data: ``gs://bucket/prefix`` (API methods, dataferry, and gcsfuse
     when it is installed) or a folder such as a Drive or gcsfuse mount (the folder itself and
-    dataferry). Works unchanged in Colab; rows carry the detected region and runtime."""
-    from dataferry.runtime import capture, detect_region
+    dataferry). Works unchanged in Colab; rows carry the detected region and runtime (``region``: a
+    name, or a :class:`~dataferry.runtime.Region` already found). ``client`` and ``suffix`` go to
+    :func:`source_target`; ``meta`` adds to (or corrects) the run's metadata."""
+    from dataferry.runtime import Region, capture, detect_region
 
     out = Path(out)
     work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
-    target = source_target(uri, max_files=max_files, seed=seed, work=work)
+    target = source_target(uri, max_files=max_files, seed=seed, work=work, client=client, suffix=suffix)
     source, chosen, sizes = target.source, target.names, target.sizes
     default = (["folder", "dataferry"] if target.bucket is None else
                ["api-serial", "api-parallel", "dataferry"] + (["gcsfuse", "gcsfuse-cache"] if target.mount else []))
     methods = list(methods or default)
-    where = detect_region(region)
+    where = region if isinstance(region, Region) else detect_region(region)
     runtime = capture(str(work), region=where)
     total = sum(sizes.values())
     meta = {"experiment": "methods", "where": uri, "runtime": runtime.to_dict(), "seed": seed, "passes": passes,
             "repeats": repeats, "methods": methods, "bucket_location": _bucket_location(target),
             "dataset": {"files": len(chosen), "total_bytes": total,
-                        "over_ram": total / runtime.ram_bytes if runtime.ram_bytes else None}}
+                        "over_ram": total / runtime.ram_bytes if runtime.ram_bytes else None}, **(meta or {})}
     results = Results(out, meta)
     say(f"comparing {', '.join(methods)} over {len(chosen)} files of {uri} ({sum(sizes.values()) / 1e6:.1f} MB), "
         f"region {where}, runtime {runtime.kind}; rows go to {results.csv_path}")

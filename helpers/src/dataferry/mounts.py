@@ -42,6 +42,7 @@ __all__ = [
     "mount_drive",
     "GCSFUSE_APT_REPO",
     "install_gcsfuse",
+    "download",
 ]
 
 LOG_TAIL_LINES = 15
@@ -242,8 +243,10 @@ def mount_gcsfuse(
 ) -> GcsfuseMount:
     """Mount ``bucket`` with gcsfuse and wait until the mount answers.
 
-    ``endpoint`` is a GCS JSON API base such as ``http://127.0.0.1:4443`` (the lab), or None for
-    Google. ``cache_dir`` turns on gcsfuse's file cache there (unlimited size): a file read once is
+    ``endpoint`` is a GCS JSON API base such as ``http://127.0.0.1:4443`` (the lab); None means
+    ``$STORAGE_EMULATOR_HOST`` when set (the variable google-cloud-storage honours), else Google. A
+    custom endpoint turns off gcsfuse's hierarchical-namespace probe, which emulators do not serve.
+    ``cache_dir`` turns on gcsfuse's file cache there (unlimited size): a file read once is
     re-read from local disk until unmount. ``config`` is merged into the gcsfuse config file.
     Raises :class:`MountError` with the tail of gcsfuse's log when it exits or does not answer in
     ``timeout`` seconds. Use the result in a ``with`` block or call ``.unmount()``.
@@ -275,7 +278,12 @@ def mount_gcsfuse(
             shutil.rmtree(work, ignore_errors=True)
             raise MountError(f"{point} is not empty: mount onto an empty folder")
     log = Path(log_path) if log_path else work / "gcsfuse.log"
+    endpoint = endpoint or os.environ.get("STORAGE_EMULATOR_HOST") or None
     settings: dict[str, Any] = {"logging": {"severity": "info"}}
+    if endpoint:
+        # gcsfuse first asks for the bucket's storage layout over gRPC, which emulators such as
+        # fake-gcs-server do not serve: it retries until timeout unless hierarchical namespaces are off.
+        settings["enable-hns"] = False
     cache = Path(cache_dir).absolute() if cache_dir is not None else None
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
@@ -462,6 +470,15 @@ def mount_drive(
         "Run `from google.colab import drive; drive.flush_and_unmount()` and mount again, or use "
         "Runtime > Disconnect and delete runtime and start over."
     )
+
+
+def download(path: str | os.PathLike[str]) -> None:
+    """Offer a file for download to the browser running this Colab notebook."""
+    if not in_colab():
+        raise NotInColab(f"download() only works in Colab; the file is at {path}")
+    from google.colab import files
+
+    files.download(os.fspath(path))
 
 
 def _run_command(cmd: list[str]) -> None:

@@ -296,10 +296,11 @@ def _new_figure(ncols: int, size: tuple[float, float]) -> tuple[Figure, list[Axe
 
 
 def _close(fig: Figure) -> None:
+    """Let pyplot forget the figure; its memory goes with the last reference. (``fig.clear()`` on
+    shared log axes warns "non-positive ylim" in matplotlib 3.10, Colab's version.)"""
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
         plt.close(fig)
-    fig.clear()
 
 
 def _no_data(ax: Axes, clear_y: bool = True) -> None:

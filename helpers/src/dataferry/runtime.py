@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-__all__ = ["METADATA_URL", "Region", "detect_region", "in_colab", "Runtime", "capture"]
+__all__ = ["METADATA_URL", "Region", "detect_region", "in_colab", "memory_tier", "Runtime", "capture"]
 
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 
@@ -161,13 +161,19 @@ class Runtime:
     gcsfuse: str | None = None
     drop_caches_writable: bool = False
     region: Region = field(default_factory=lambda: Region("unknown", None, "unknown"))
+    disk_total_bytes: int = 0
+
+    @property
+    def tier(self) -> str | None:
+        """In Colab, the memory tier (``standard`` or ``high-RAM``); None elsewhere."""
+        return memory_tier(self.ram_bytes) if self.colab else None
 
     @property
     def kind(self) -> str:
         """Short label for result rows: ``"local-cpu"``, ``"colab-gpu"``, ``"colab-tpu"``..."""
         if self.accelerator.startswith("cuda"):
             cls = "gpu"
-        elif self.accelerator == "tpu":
+        elif self.accelerator.startswith("tpu"):
             cls = "tpu"
         else:
             cls = "cpu"
@@ -183,6 +189,8 @@ class Runtime:
             "cpus": self.cpus,
             "ram_bytes": self.ram_bytes,
             "disk_free_bytes": self.disk_free_bytes,
+            "disk_total_bytes": self.disk_total_bytes,
+            "tier": self.tier,
             "kernel": self.kernel,
             "python": self.python,
             "versions": dict(self.versions),
@@ -213,11 +221,28 @@ def _cuda_devices() -> list[str]:
         return []
 
 
-def _has_tpu() -> bool:
-    """A TPU is attached when Colab/Cloud TPU env vars name one or /dev/accel* exists."""
-    if os.environ.get("COLAB_TPU_ADDR") or os.environ.get("TPU_NAME"):
-        return True
-    return bool(glob.glob("/dev/accel*"))
+_TPU_ENV_VARS = ("TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR", "TPU_NAME", "TPU_WORKER_ID")
+
+
+def _tpu(dev: str = "/dev") -> str | None:
+    """``"tpu"`` or ``"tpu:<type>"`` when a TPU is attached, else None.
+
+    Older TPU hosts expose ``/dev/accel*``; v5e and v6e hosts expose numbered ``/dev/vfio/N``
+    groups instead. Colab and Cloud TPU VMs also set TPU variables (the type in
+    ``TPU_ACCELERATOR_TYPE``, e.g. ``v5litepod-1``)."""
+    kind = os.environ.get("TPU_ACCELERATOR_TYPE", "").strip()
+    if kind:
+        return f"tpu:{kind}"
+    if any(os.environ.get(name) for name in _TPU_ENV_VARS):
+        return "tpu"
+    if glob.glob(f"{dev}/accel*") or glob.glob(f"{dev}/vfio/[0-9]*"):
+        return "tpu"
+    return None
+
+
+def memory_tier(ram_bytes: int) -> str:
+    """Colab's runtime shape as far as it shows: ``high-RAM`` from 24 GiB of RAM, else ``standard``."""
+    return "high-RAM" if ram_bytes >= 24 * 2**30 else "standard"
 
 
 def _ram_bytes() -> int:
@@ -272,12 +297,13 @@ def _gcsfuse_version(gcsfuse: str | None) -> str | None:
     return None
 
 
-def _disk_free(path: str) -> int:
-    """Free bytes on the filesystem holding ``path``; 0 when it cannot be read."""
+def _disk(path: str) -> tuple[int, int]:
+    """(free, total) bytes of the filesystem holding ``path``; zeros when it cannot be read."""
     try:
-        return int(shutil.disk_usage(path).free)
+        usage = shutil.disk_usage(path)
     except OSError:
-        return 0
+        return 0, 0
+    return int(usage.free), int(usage.total)
 
 
 def capture(path: str = ".", *, region: Region | None = None, gcsfuse: str | None = None) -> Runtime:
@@ -287,10 +313,11 @@ def capture(path: str = ".", *, region: Region | None = None, gcsfuse: str | Non
     ``gcsfuse`` names a binary to report instead of the one on PATH.
     """
     cuda = _cuda_devices()
+    disk_free, disk_total = _disk(path)
     if cuda:
         accelerator = f"cuda:{cuda[0]}"
-    elif _has_tpu():
-        accelerator = "tpu"
+    elif tpu := _tpu():
+        accelerator = tpu
     else:
         accelerator = "cpu"
     return Runtime(
@@ -299,7 +326,8 @@ def capture(path: str = ".", *, region: Region | None = None, gcsfuse: str | Non
         cuda_devices=cuda,
         cpus=os.cpu_count() or 1,
         ram_bytes=_ram_bytes(),
-        disk_free_bytes=_disk_free(path),
+        disk_free_bytes=disk_free,
+        disk_total_bytes=disk_total,
         kernel=platform.release(),
         python=platform.python_version(),
         versions=_versions(),

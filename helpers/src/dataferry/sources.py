@@ -307,9 +307,10 @@ class _Counting:
         return len(data)
 
 
-def from_uri(uri: str) -> LocalSource | GCSSource:
-    """``gs://bucket/prefix`` -> :class:`GCSSource`; anything else is a folder -> :class:`LocalSource`."""
+def from_uri(uri: str, client: Any = None) -> LocalSource | GCSSource:
+    """``gs://bucket/prefix`` -> :class:`GCSSource` (read with ``client`` if given); anything else is
+    a folder -> :class:`LocalSource`."""
     if uri.startswith("gs://"):
         bucket, _, prefix = uri[5:].partition("/")
-        return GCSSource(bucket, prefix)
+        return GCSSource(bucket, prefix, client=client)
     return LocalSource(uri.removeprefix("file://"))

@@ -114,7 +114,9 @@ def evict(paths: Iterable[str | os.PathLike[str]], verify: bool = True, global_l
 
 # -- timed reads and result rows ---------------------------------------------------------------
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions :func:`load_results` reads; version 1 rows had no ``bucket_location`` (read as "").
+_READABLE_VERSIONS = (1, 2)
 
 #: One row per timed operation (long format). Units are in the names: ``*_ns`` nanoseconds,
 #: ``bytes``, ``MBps`` = 10^6 bytes/s. ``pass`` 1 is the first read; ``phase`` says what was
@@ -122,7 +124,8 @@ SCHEMA_VERSION = 1
 #: parallel copy into the cache), ``list`` (metadata listing), ``epoch`` (a whole pass: the
 #: per-epoch aggregate sum(bytes) / wall time, including any download or staging it needed).
 COLUMNS = [
-    "run_id", "time_utc", "method", "region", "region_source", "runtime", "file", "file_bytes", "bytes",
+    "run_id", "time_utc", "method", "region", "region_source", "bucket_location", "runtime", "file", "file_bytes",
+    "bytes",
     "pass", "repeat", "cache_state", "eviction", "concurrency", "phase",
     "open_ns", "first_byte_ns", "read_ns", "close_ns", "ns", "MBps", "retries", "error",
 ]
@@ -170,7 +173,8 @@ def timed_read(path: str | os.PathLike[str], chunk: int = CHUNK) -> Spans:
 
 class Results:
     """Rows appended to ``results.csv`` as they are measured, with ``run_meta.json`` beside them,
-    so a disconnect loses nothing that was measured. Rows are dicts with :data:`COLUMNS`."""
+    so a disconnect loses nothing that was measured. Rows are dicts with :data:`COLUMNS`; a row's
+    ``bucket_location`` defaults to the run's (``meta["bucket_location"]``), the far end of every read."""
 
     def __init__(self, folder: str | os.PathLike[str], meta: dict[str, Any] | None = None,
                  run_id: str | None = None) -> None:
@@ -200,7 +204,7 @@ class Results:
     def add(self, **values: Any) -> dict[str, Any]:
         """Append one row now (flushed to the OS at once). ``MBps`` follows from bytes and ns."""
         row = {c: "" for c in COLUMNS}
-        row.update(run_id=self.run_id, time_utc=_now(), retries=0)
+        row.update(run_id=self.run_id, time_utc=_now(), retries=0, bucket_location=self.meta.get("bucket_location") or "")
         unknown = set(values) - set(COLUMNS)
         if unknown:
             raise ValueError(f"unknown result columns: {sorted(unknown)}")
@@ -247,10 +251,12 @@ def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
         meta = f.with_name("run_meta.json")
         if meta.exists():
             version = json.loads(meta.read_text()).get("schema_version")
-            if version != SCHEMA_VERSION:
-                raise ValueError(f"{f}: schema version {version}, this dataferry reads {SCHEMA_VERSION}")
-        frames.append(pd.read_csv(f, keep_default_na=False, dtype={"error": str, "file": str}))
+            if version not in _READABLE_VERSIONS:
+                raise ValueError(f"{f}: schema version {version}, this dataferry reads {_READABLE_VERSIONS}")
+        frames.append(pd.read_csv(f, keep_default_na=False, dtype={"error": str, "file": str,
+                                                                   "bucket_location": str}))
     rows = pd.concat(frames, ignore_index=True)
+    rows["bucket_location"] = rows["bucket_location"].fillna("") if "bucket_location" in rows else ""
     for col in ("file_bytes", "bytes", "pass", "repeat", "concurrency", "open_ns", "first_byte_ns", "read_ns",
                 "close_ns", "ns", "retries"):
         rows[col] = pd.to_numeric(rows[col], errors="coerce").astype("Int64")

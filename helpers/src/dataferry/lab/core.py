@@ -484,9 +484,6 @@ class Lab:
         m = mounts.mount_gcsfuse(
             bucket, point, endpoint=state["endpoint"], cache_dir=cache_dir, anonymous=True,
             gcsfuse=state["gcsfuse"]["path"], env={LAB_ID_ENV: state["id"]},
-            # gcsfuse asks for the bucket's storage layout over gRPC first, which fake-gcs-server
-            # does not serve: it retries until timeout unless hierarchical namespaces are off.
-            config={"enable-hns": False},
             log_path=run_dir / "logs" / f"gcsfuse-{bucket}-{tag}.log", timeout=timeout,
         )
         with self._locked():

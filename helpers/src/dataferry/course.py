@@ -1,0 +1,253 @@
+"""The course's choices in one place: where a lesson reads, where its results go, what it installs.
+
+A lesson runs in two places, and one parameter, the same in every lesson, decides which::
+
+    WHERE = "auto"     # the offline lab off Colab; Google's public sample data in Colab
+    WHERE = "lab"      # the offline lab (fake-gcs-server, toxiproxy, gcsfuse; built once with Go)
+    WHERE = "public"   # a public bucket read anonymously: no sign-in, no billing, no bucket of yours
+    WHERE = "mine"     # your own bucket (BUCKET, PREFIX), with your credentials
+
+Results go where they outlive the runtime when they can: ``$DATAFERRY_HOME`` if set; in Colab, the
+``dataferry`` folder of your mounted, writable Drive, else ``/content/dataferry`` (lost at
+disconnect: :meth:`Course.finish` zips it and offers the zip for download); elsewhere
+``~/dataferry``. Paths never depend on the notebook's working directory.
+
+This module imports ``runtime`` and ``mounts`` only; the lab is the lessons' business.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dataferry.mounts import in_colab
+from dataferry.runtime import Region, detect_region
+
+__all__ = ["WHERE_CHOICES", "INSTALL_ENV", "HOME_ENV", "IP_LOOKUP_URL", "PublicDataset", "PUBLIC_DATASETS",
+           "CloudData", "repository", "install_requirement", "resolve_where", "course_home", "shipped_results",
+           "bucket_location", "Course"]
+
+WHERE_CHOICES = ("auto", "lab", "public", "mine")
+INSTALL_ENV = "DATAFERRY_INSTALL"
+HOME_ENV = "DATAFERRY_HOME"
+#: The geo-IP service the 2020 post used; asked in Colab only when the metadata server is silent.
+IP_LOOKUP_URL = "https://ipinfo.io/json"
+COLAB_CONTENT = Path("/content")
+COLAB_DRIVE = COLAB_CONTENT / "drive" / "MyDrive"
+
+
+@dataclass(frozen=True)
+class PublicDataset:
+    """Objects that Google documents as publicly readable, read anonymously by the Colab defaults.
+
+    ``location`` is the bucket location Google documents (None where it publishes none: then the
+    bucket's own metadata is asked, see :func:`bucket_location`)."""
+
+    name: str
+    bucket: str
+    prefix: str
+    suffix: str
+    about: str
+    documented_at: str
+    location: str | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}"
+
+    def __repr__(self) -> str:
+        return f"PublicDataset({self.name!r}, {self.uri!r})"
+
+
+PUBLIC_DATASETS = {
+    # "These input images are stored in a public Cloud Storage bucket": Vertex AI's AutoML image
+    # classification tutorial, page "Create an image classification dataset and import images".
+    "flowers": PublicDataset(
+        "flowers", "cloud-samples-data", "ai-platform/flowers/", ".jpg",
+        "TensorFlow's flower photos: about 3,670 JPEGs in five folders (daisy, dandelion, roses, "
+        "sunflowers, tulips), tens of KB each, with a flowers.csv of labels",
+        "https://cloud.google.com/vertex-ai/docs/tutorials/image-classification-automl/dataset"),
+    # "the Google public bucket gcp-public-data-landsat contains the Landsat public dataset", with
+    # this scene's band B3 as its example object: Cloud Storage docs, "Access public data".
+    "landsat-scene": PublicDataset(
+        "landsat-scene", "gcp-public-data-landsat", "LC08/01/001/003/LC08_L1GT_001003_20140812_20170420_01_T2/",
+        ".TIF", "one Landsat 8 scene: a dozen GeoTIFF bands of tens of MB each",
+        "https://cloud.google.com/storage/docs/access-public-data"),
+}
+
+
+def repository() -> str:
+    """The project's repository URL, from the installed package's metadata (pyproject's Source)."""
+    for entry in importlib.metadata.metadata("dataferry").get_all("Project-URL") or []:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() == "source":
+            return url.strip()
+    raise LookupError("the installed dataferry names no Source URL")
+
+
+def install_requirement() -> str:
+    """What a lesson's setup cell gives ``pip install``: ``$DATAFERRY_INSTALL`` replaces it whole."""
+    return os.environ.get(INSTALL_ENV) or f"dataferry @ git+{repository()}#subdirectory=helpers"
+
+
+def resolve_where(where: str = "auto") -> str:
+    """``"auto"`` -> ``"public"`` in Colab, ``"lab"`` elsewhere; the other choices stay as given."""
+    choice = (where or "auto").strip().lower()
+    if choice not in WHERE_CHOICES:
+        raise ValueError(f"WHERE = {where!r}: choose one of {', '.join(map(repr, WHERE_CHOICES))}")
+    if choice == "auto":
+        return "public" if in_colab() else "lab"
+    return choice
+
+
+def course_home() -> tuple[Path, str]:
+    """Where the course writes, and why there (see the module's docstring)."""
+    if os.environ.get(HOME_ENV):
+        return Path(os.environ[HOME_ENV]).expanduser().absolute(), f"${HOME_ENV}"
+    if in_colab():
+        if COLAB_DRIVE.is_dir() and os.access(COLAB_DRIVE, os.W_OK):
+            return COLAB_DRIVE / "dataferry", "your mounted Google Drive: it outlives this runtime"
+        return COLAB_CONTENT / "dataferry", ("this runtime's disk, deleted at disconnect: download the zip at "
+                                             "the end, or mount Drive writable first (drive.mount)")
+    return Path.home() / "dataferry", "your home folder"
+
+
+def shipped_results() -> Path:
+    """The runs from real clouds that ship inside the package (contributed through lesson 06)."""
+    return Path(__file__).with_name("results")
+
+
+def bucket_location(client: Any, bucket: str, documented: str | None = None) -> tuple[str, str]:
+    """(location, how it was found): the bucket's metadata, else what Google documents, else unknown.
+
+    Reading bucket metadata needs ``storage.buckets.get``, which anonymous readers of a public
+    bucket usually lack; the answer says so rather than guessing."""
+    try:
+        return str(client.get_bucket(bucket).location), "bucket metadata"
+    except Exception as e:  # noqa: BLE001 - forbidden, missing or offline: all mean "not from here"
+        why = type(e).__name__
+    if documented:
+        return documented, f"documented (metadata not readable: {why})"
+    return "unknown", f"not readable here ({why}) and not documented"
+
+
+@dataclass(frozen=True)
+class CloudData:
+    """The bucket a non-lab run reads, with the client that reads it and where the bucket is."""
+
+    client: Any
+    bucket: str
+    prefix: str
+    suffix: str
+    location: str
+    location_source: str
+    anonymous: bool
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}"
+
+    def __repr__(self) -> str:
+        who = "anonymously" if self.anonymous else "with your credentials"
+        return f"CloudData({self.uri!r}, {who}, location={self.location!r})"
+
+
+class Course:
+    """One lesson's run: where it reads, where its results and figures go, and how it ends.
+
+    ``results_dir`` / ``figures_dir`` given (papermill, ``make course``) are used as they are;
+    empty ones follow :func:`course_home`."""
+
+    def __init__(self, lesson: str, where: str = "auto", results_dir: str = "", figures_dir: str = "") -> None:
+        self.lesson = lesson
+        self.where = resolve_where(where)
+        self.colab = in_colab()
+        home, self.home_reason = course_home()
+        self.home = home
+        self.results_dir = Path(results_dir).expanduser().absolute() if results_dir else home / "results"
+        self.figures_dir = Path(figures_dir).expanduser().absolute() if figures_dir else home / "figures"
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        self.figures_dir.mkdir(parents=True, exist_ok=True)
+
+    def public(self, name: str = "flowers") -> PublicDataset:
+        """A public data set by name (see :data:`PUBLIC_DATASETS`)."""
+        try:
+            return PUBLIC_DATASETS[name]
+        except KeyError:
+            raise ValueError(f"no public data set {name!r}: choose one of {', '.join(PUBLIC_DATASETS)}") from None
+
+    def client(self, project: str = "") -> Any:
+        """A google-cloud-storage client for this run: anonymous for ``public``, yours for ``mine``.
+
+        Both honour ``STORAGE_EMULATOR_HOST``, the one variable that points them elsewhere."""
+        from google.cloud import storage
+
+        if self.where == "public":
+            return storage.Client.create_anonymous_client()
+        if self.where == "mine":
+            from dataferry.mounts import NotInColab, authenticate
+
+            try:
+                authenticate()
+            except NotInColab:
+                pass  # off Colab: application-default credentials, as storage.Client() finds them
+            return storage.Client(project=project or None)
+        raise ValueError("the lab has its own client: lab.client()")
+
+    def cloud_data(self, bucket: str = "", prefix: str = "", project: str = "", dataset: str = "flowers") -> CloudData:
+        """What a ``public`` or ``mine`` run reads: the public data set, or your ``bucket``/``prefix``."""
+        if self.where == "public":
+            public = self.public(dataset)
+            client = self.client()
+            location, how = bucket_location(client, public.bucket, public.location)
+            return CloudData(client, public.bucket, public.prefix, public.suffix, location, how, True)
+        if self.where == "mine":
+            if not bucket:
+                raise ValueError("WHERE = 'mine' reads your own bucket: set BUCKET (and PREFIX) in the parameters "
+                                 "cell, or use WHERE = 'public' for Google's public sample data")
+            client = self.client(project)
+            location, how = bucket_location(client, bucket)
+            return CloudData(client, bucket, prefix, "", location, how, False)
+        raise ValueError("the lab makes its own data: lab_target() or lab.make_dataset()")
+
+    def region(self, override: str = "", lab_profile: str | None = None) -> Region:
+        """Where this run is, and which source said so; in Colab a geo-IP lookup backs the metadata server."""
+        return detect_region(override or None, lab_profile=lab_profile,
+                             ip_lookup_url=IP_LOOKUP_URL if self.colab and not lab_profile else None)
+
+    def finish(self) -> Path | None:
+        """Zip everything measured so far (results and figures); in Colab, offer it for download.
+
+        Returns the zip's path, or None where the results already live somewhere lasting."""
+        if self.colab and str(self.home).startswith(str(COLAB_DRIVE)):
+            print(f"Results are on your Drive ({self.home}): nothing to download.")
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        staging = self.home / "downloads" / f"dataferry-{self.lesson}-{stamp}"
+        for folder in (self.results_dir, self.figures_dir):
+            if folder.is_dir():
+                shutil.copytree(folder, staging / folder.name, dirs_exist_ok=True)
+        archive = Path(shutil.make_archive(str(staging), "zip", root_dir=staging))
+        shutil.rmtree(staging)
+        print(f"Everything measured so far is in {archive} ({archive.stat().st_size / 1e6:.1f} MB).")
+        if self.colab:
+            from dataferry.mounts import download
+
+            download(archive)
+        return archive
+
+    def describe(self) -> str:
+        """Two lines for the lesson's output: what it reads and where its results go."""
+        reads = {"lab": "the offline lab (lab:<profile> numbers, never cloud numbers)",
+                 "public": "Google's public sample data, anonymously (real GCS, from wherever this runtime is)",
+                 "mine": "your own bucket, with your credentials"}[self.where]
+        return (f"WHERE = {self.where!r}: this run reads {reads}.\n"
+                f"results -> {self.results_dir}, figures -> {self.figures_dir} ({self.home_reason})")
+
+    def __repr__(self) -> str:
+        return f"Course({self.lesson!r}, where={self.where!r}, home={str(self.home)!r})"

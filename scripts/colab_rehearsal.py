@@ -340,6 +340,8 @@ def main() -> int:
         setup()
         return 0
     setup()
+    python = subprocess.run([str(VENV / "bin" / "python"), "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"Colab-like environment: {VENV} ({python}; {colab_python()[1]})", flush=True)
     todo = []
     for item in args.lessons or ["[0-9][0-9]"]:
         todo += [Path(item)] if item.endswith(".ipynb") else sorted((ROOT / "notebooks").glob(f"{item}_*.ipynb"))

@@ -4,6 +4,8 @@ import io
 import os
 import tarfile
 
+from pathlib import Path
+
 import pytest
 
 from dataferry.lab import BucketNotFound, plan_dataset

@@ -593,6 +593,8 @@ def source_target(uri: str, max_files: int = 200, seed: int = 0,
     or of a folder such as a Drive or gcsfuse mount. ``client`` reads the bucket (default: your
     credentials; an anonymous one reads public buckets, and its mounts are anonymous too);
     ``suffix`` keeps only names that end so (e.g. ``".jpg"``)."""
+    from google.auth.credentials import AnonymousCredentials
+
     from dataferry.mounts import mount_gcsfuse
     from dataferry.sources import LocalSource, from_uri
 
@@ -606,7 +608,7 @@ def source_target(uri: str, max_files: int = 200, seed: int = 0,
         return Target(names=list(sizes), sizes=sizes, folder=source.root, source=source)
     work = Path(work or tempfile.mkdtemp(prefix="dataferry-target-"))
     gcs = source._client_here()
-    anonymous = type(getattr(gcs, "_credentials", None)).__name__ == "AnonymousCredentials"
+    anonymous = isinstance(getattr(gcs, "_credentials", None), AnonymousCredentials)
 
     def mount(file_cache: bool) -> Any:
         return mount_gcsfuse(source.bucket, anonymous=anonymous,

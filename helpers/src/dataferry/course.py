@@ -246,8 +246,10 @@ class Course:
         reads = {"lab": "the offline lab (lab:<profile> numbers, never cloud numbers)",
                  "public": "Google's public sample data, anonymously (real GCS, from wherever this runtime is)",
                  "mine": "your own bucket, with your credentials"}[self.where]
+        region = ("\nregion: the GCE metadata server's zone, else a geo-IP lookup of this runtime's public address "
+                  f"({IP_LOOKUP_URL}), else unknown" if self.colab and self.where != "lab" else "")
         return (f"WHERE = {self.where!r}: this run reads {reads}.\n"
-                f"results -> {self.results_dir}, figures -> {self.figures_dir} ({self.home_reason})")
+                f"results -> {self.results_dir}, figures -> {self.figures_dir} ({self.home_reason})" + region)
 
     def __repr__(self) -> str:
         return f"Course({self.lesson!r}, where={self.where!r}, home={str(self.home)!r})"

@@ -1,6 +1,7 @@
 """Real gcsfuse mounts of lab buckets read the same bytes as the API, with and without file cache."""
 
 import io
+import json
 import os
 import tarfile
 
@@ -95,5 +96,5 @@ def test_mount_reaches_an_emulator_through_the_variable_google_cloud_storage_hon
                        gcsfuse=gcsfuse_lab.status()["gcsfuse"]["path"], timeout=60) as m:
         assert (m.mountpoint / "x" / "y.bin").read_bytes() == b"emulated" * 1000
         assert f"--custom-endpoint {gcsfuse_lab.endpoint}/storage/v1/" in " ".join(m.args)
-        config = Path(m.args[m.args.index("--config-file") + 1]).read_text()
-        assert "enable-hns: false" in config
+        config = json.loads(Path(m.args[m.args.index("--config-file") + 1]).read_text())
+        assert config["enable-hns"] is False

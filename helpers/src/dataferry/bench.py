@@ -84,6 +84,21 @@ def _raw_get_rate(lab: Lab, bucket: str, name: str) -> float:
     return n / (time.perf_counter() - t0) / 1e6
 
 
+@contextlib.contextmanager
+def _lab_environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set for the block (and the processes it starts), then the environment as it was."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def bench_cache(out: str | os.PathLike[str] = "build/bench/cache.json", repeats: int = 5,
                 large_bytes: int = GiB, say: Callable[[str], None] = print) -> dict:
     """Run the cache benchmark in a lab of its own; print a table and write JSON to ``out``."""
@@ -91,12 +106,11 @@ def bench_cache(out: str | os.PathLike[str] = "build/bench/cache.json", repeats:
     work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
     results: dict[str, Any] = {"experiment": "cache", "where": f"lab on {platform.node()}", "repeats": repeats,
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    env = lab.env()
-    os.environ.update(env)
     try:
-        results.update(_warm_and_hits(lab, work, repeats, say))
-        results.update(_cold_small(lab, work, say))
-        results.update(_cold_large(lab, work, large_bytes, say))
+        with _lab_environment(lab.env()):
+            results.update(_warm_and_hits(lab, work, repeats, say))
+            results.update(_cold_small(lab, work, say))
+            results.update(_cold_large(lab, work, large_bytes, say))
     finally:
         lab.down()
         subprocess.run(["rm", "-rf", str(work)], check=False)

@@ -45,9 +45,10 @@ import google_crc32c
 from google.api_core.exceptions import RetryError
 from google.api_core.retry import Retry
 
-from dataferry.sources import Entry, Source, SourceError, is_transient
+from dataferry.sources import ChangedAtSource, Entry, Source, SourceError, is_transient, where
 
-__all__ = ["Cache", "CacheStats", "VerifyReport", "ChecksumError", "CacheFullWarning", "DEFAULT_MIN_FREE_BYTES"]
+__all__ = ["Cache", "CacheStats", "VerifyReport", "ChecksumError", "CacheFullWarning", "CacheFolderError",
+           "DEFAULT_MIN_FREE_BYTES"]
 
 DEFAULT_MIN_FREE_BYTES = 1 << 30  # leave 1 GiB free on the cache's disk
 SCHEMA_VERSION = 1
@@ -60,6 +61,11 @@ IDLE_CHECK_S = 5.0
 
 class ChecksumError(SourceError):
     """An object's bytes did not match its checksum, every time it was downloaded."""
+
+
+class CacheFolderError(OSError):
+    """The cache folder cannot be used (missing, read-only, not a cache, its disk failing): the
+    message names the folder and what to do. Never retried as if the network had failed."""
 
 
 class CacheFullWarning(UserWarning):
@@ -111,7 +117,11 @@ class _Hashing:
         self.out, self.n, self.crc = out, 0, google_crc32c.Checksum()
 
     def write(self, data: bytes) -> int:
-        self.out.write(data)
+        try:
+            self.out.write(data)
+        except OSError as e:
+            raise CacheFolderError(e.errno, f"writing to the cache's disk failed ({e.strerror}): check the "
+                                            "disk, or use a cache folder on another one") from e
         self.crc.update(data)
         self.n += len(data)
         return len(data)
@@ -120,6 +130,16 @@ class _Hashing:
         self.out.seek(0)
         self.out.truncate()
         self.n, self.crc = 0, google_crc32c.Checksum()
+
+
+def _utf8(name: str) -> bytes:
+    """A name's bytes: names read from a folder may hold bytes that are not UTF-8 (surrogate-escaped)."""
+    return name.encode("utf-8", "surrogateescape")
+
+
+def _printable(name: str) -> str:
+    """A name as the index stores and messages show it (undecodable bytes as \\xNN)."""
+    return _utf8(name).decode("utf-8", "backslashreplace")
 
 
 def _b64(checksum: google_crc32c.Checksum) -> str:
@@ -152,6 +172,11 @@ def _read_all(fd: int, size: int) -> bytes:
     while chunk := os.read(fd, CHUNK):
         parts.append(chunk)
     return b"".join(parts)
+
+
+def _source_blip(exc: BaseException) -> bool:
+    """Worth retrying: a transient error of the source, never one of the cache's own disk."""
+    return not isinstance(exc, CacheFolderError) and is_transient(exc)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -276,6 +301,17 @@ class _IndexWriter:
         return answers
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for cache in list(_LIVE):
+        cache._init_process_state()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Cache:
     """A local cache folder of verified objects, with an optional byte budget and LRU eviction.
 
@@ -301,12 +337,18 @@ class Cache:
         self.min_free_bytes = int(min_free_bytes)
         self.max_refetches = max_refetches
         self.retry_deadline_s = retry_deadline_s
-        if not (self.root / "objects" / "ff").is_dir():  # lay out the folder once
-            for sub in ("tmp", "locks", *(f"objects/{i:02x}" for i in range(256))):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
-        tag = self.root / "CACHEDIR.TAG"
-        if not tag.exists():
-            tag.write_text("Signature: 8a477f597d28d172789f06886806bc55\n# dataferry cache: safe to delete\n")
+        try:
+            if not (self.root / "objects" / "ff").is_dir():  # lay out the folder once
+                for sub in ("tmp", "locks", *(f"objects/{i:02x}" for i in range(256))):
+                    (self.root / sub).mkdir(parents=True, exist_ok=True)
+            tag = self.root / "CACHEDIR.TAG"
+            if not tag.exists():
+                tag.write_text("Signature: 8a477f597d28d172789f06886806bc55\n# dataferry cache: safe to delete\n")
+            if not os.access(self.root, os.W_OK):
+                raise PermissionError(13, "read-only")
+        except OSError as e:
+            raise CacheFolderError(e.errno, f"cannot write to the cache folder {self.root} ({e.strerror}): "
+                                            "choose a writable folder, e.g. /content/cache in Colab") from None
         self._init_process_state()
         with self._db() as db:
             db.executescript(
@@ -342,7 +384,19 @@ class Cache:
 
     # -- per-process state (connections and locks never cross fork or pickle) -------------------
 
+    @classmethod
+    def existing(cls, root: str | os.PathLike[str], **options: Any) -> Cache:
+        """An existing cache; :class:`CacheFolderError` rather than a new cache at a mistyped path."""
+        if not (Path(root) / "index.sqlite").is_file():
+            raise CacheFolderError(2, f"{Path(root).absolute()} is not a dataferry cache (it has no index.sqlite): "
+                                      "check the path")
+        return cls(root, **options)
+
     def _init_process_state(self) -> None:
+        """Locks, connections, counters and the writer thread of this process. A forked child gets
+        fresh ones at once (``os.register_at_fork``, as fsspec does): a lock some parent thread held
+        at the fork would otherwise stay held in the child forever."""
+        _LIVE.add(self)
         self._objects, self._locks, self._tmp = (str(self.root / sub) for sub in ("objects", "locks", "tmp"))
         self._pid = os.getpid()
         self._local = threading.local()
@@ -411,7 +465,7 @@ class Cache:
     @staticmethod
     def key(source: Source, entry: Entry) -> str:
         """The entry's key: a hash of (source, name, version); object names never become paths."""
-        return hashlib.sha256(f"{source.uri}\0{entry.name}\0{entry.version}".encode()).hexdigest()
+        return hashlib.sha256(_utf8(f"{source.uri}\0{entry.name}\0{entry.version}")).hexdigest()
 
     def _object_path(self, key: str) -> str:
         return f"{self._objects}/{key[:2]}/{key}"
@@ -440,10 +494,22 @@ class Cache:
         """The bytes of an object, from the cache, filling it first on a miss.
 
         Given a name, the source is asked for its current version first (one metadata request),
-        so a changed object is never served stale; given an :class:`Entry`, that version is read.
+        so a changed object is never served stale, and an object overwritten between that request
+        and the download is asked for again; given an :class:`Entry`, that version is read.
         A cached copy of the wrong size is dropped and fetched again.
         """
-        entry = self._entry(source, item)
+        return self._by_name(source, item, self._read)
+
+    def _by_name(self, source: Source, item: Entry | str, action):
+        """``action(source, entry)``; for a name, once more with a fresh stat if it changed meanwhile."""
+        try:
+            return action(source, self._entry(source, item))
+        except ChangedAtSource:
+            if isinstance(item, Entry):
+                raise
+            return action(source, source.stat(item))
+
+    def _read(self, source: Source, entry: Entry) -> bytes:
         key = self.key(source, entry)
         path = self._object_path(key)
         hit = True
@@ -469,11 +535,13 @@ class Cache:
             self._discard(key)
             self._count(refetches=1)
             hit = False
-        raise ChecksumError(f"{source.uri}{entry.name}: the cached copy keeps coming back damaged")
+        raise ChecksumError(f"{where(source, _printable(entry.name))}: the cached copy keeps coming back damaged")
 
     def open(self, source: Source, item: Entry | str) -> BinaryIO:
         """A binary file object on the cached copy, kept from eviction until it is closed."""
-        entry = self._entry(source, item)
+        return self._by_name(source, item, self._open)
+
+    def _open(self, source: Source, entry: Entry) -> BinaryIO:
         key = self.key(source, entry)
         path = self._object_path(key)
         hit = True
@@ -495,9 +563,11 @@ class Cache:
 
     def path(self, source: Source, item: Entry | str) -> Path:
         """The cached file's path (filling it first). Not protected from eviction: prefer :meth:`open`."""
-        entry = self._entry(source, item)
+        return self._by_name(source, item, self._path)
+
+    def _path(self, source: Source, entry: Entry) -> Path:
         if self.fill(source, entry) < 0:
-            raise OSError(f"{source.uri}{entry.name} ({entry.size} bytes) does not fit in the cache")
+            raise OSError(f"{where(source, _printable(entry.name))} ({entry.size} bytes) does not fit in the cache")
         return Path(self._object_path(self.key(source, entry)))
 
     def contains(self, source: Source, item: Entry) -> bool:
@@ -583,7 +653,7 @@ class Cache:
                 why = f"crc32c {got}, expected {entry.crc32c}"
             else:
                 return got
-        raise ChecksumError(f"{source.uri}{entry.name}: {why} after {self.max_refetches + 1} downloads; "
+        raise ChecksumError(f"{where(source, _printable(entry.name))}: {why} after {self.max_refetches + 1} downloads; "
                             "the object or the connection is damaged. Nothing was cached.")
 
     def _copy_with_retries(self, source: Source, entry: Entry, writer: _Hashing) -> None:
@@ -597,18 +667,18 @@ class Cache:
             if writer.n < entry.size or entry.size == 0:
                 source.fetch(entry, writer, start=writer.n)
 
-        retry = Retry(predicate=is_transient, initial=0.1, maximum=5.0, multiplier=2.0,
+        retry = Retry(predicate=_source_blip, initial=0.1, maximum=5.0, multiplier=2.0,
                       timeout=self.retry_deadline_s, on_error=on_error)
         try:
             retry(attempt)()
         except RetryError as e:
             raise SourceError(
-                f"{source.uri}{entry.name}: the source kept failing for {self.retry_deadline_s:.0f} s "
+                f"{where(source, _printable(entry.name))}: the source kept failing for {self.retry_deadline_s:.0f} s "
                 f"({len(errors)} attempts; last error: {e.cause!r}). Check the connection and try again; "
                 "nothing was cached.") from e.cause
 
     def _stream(self, source: Source, entry: Entry) -> bytes:
-        warnings.warn(f"{source.uri}{entry.name} ({entry.size / 1e6:.1f} MB) does not fit in the cache "
+        warnings.warn(f"{where(source, _printable(entry.name))} ({entry.size / 1e6:.1f} MB) does not fit in the cache "
                       f"{self}; reading it straight from the source", CacheFullWarning, stacklevel=3)
         buf = io.BytesIO()
         self._download(source, entry, buf)
@@ -622,7 +692,8 @@ class Cache:
         if self.max_bytes is not None and entry.size > self.max_bytes:
             return False
         now = time.time()
-        return self._index.reserve((key, source.uri, entry.name, entry.version, entry.size, os.getpid(), now, now))
+        return self._index.reserve((key, source.uri, _printable(entry.name), entry.version, entry.size, os.getpid(),
+                                    now, now))
 
     @staticmethod
     def _lru(db: sqlite3.Connection, batch: int = 256) -> Iterator[tuple[str, int]]:

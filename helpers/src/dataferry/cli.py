@@ -124,7 +124,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     from dataferry.cache import Cache
 
-    cache = Cache(args.root)
+    cache = Cache.existing(args.root)
     if args.cache_command == "inspect":
         print(cache)
         rows = cache.entries()
@@ -139,7 +139,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     elif args.cache_command == "verify":
         report = cache.verify()
         for source, name, why in report.bad:
-            print(f"bad: {source}{name!r}: {why} (removed; it is fetched again on the next read)")
+            print(f"bad: {source.rstrip('/')}/{name}: {why} (removed; it is fetched again on the next read)")
         print(report)
         return 0 if report.ok else 1
     elif args.cache_command == "prune":
@@ -282,13 +282,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
+    from dataferry.cache import CacheFolderError
     from dataferry.lab.errors import LabError
     from dataferry.mounts import MountError
     from dataferry.sources import SourceError
 
     try:
         return args.func(args)
-    except (LabError, MountError, SourceError, ValueError) as e:
+    except (LabError, MountError, SourceError, CacheFolderError, ValueError) as e:
         print(f"dataferry: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

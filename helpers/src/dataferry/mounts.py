@@ -213,18 +213,9 @@ class GcsfuseMount:
         return f"<GcsfuseMount gs://{self.bucket} at {self.mountpoint} ({state}{cache}, pid {self.pid})>"
 
 
-def _yaml(config: Mapping[str, Any], indent: int = 0) -> str:
-    """The small YAML subset gcsfuse config files need (nested mappings of scalars)."""
-    out = []
-    for key, value in config.items():
-        pad = "  " * indent
-        if isinstance(value, Mapping):
-            out.append(f"{pad}{key}:\n{_yaml(value, indent + 1)}")
-        elif isinstance(value, bool):
-            out.append(f"{pad}{key}: {'true' if value else 'false'}")
-        else:
-            out.append(f"{pad}{key}: {value}")
-    return "\n".join(out)
+def _config_text(config: Mapping[str, Any]) -> str:
+    """gcsfuse's config file as JSON, which is YAML: every path and value is quoted as it must be."""
+    return json.dumps(config, indent=1)
 
 
 def mount_gcsfuse(
@@ -295,7 +286,7 @@ def mount_gcsfuse(
         else:
             settings[key] = value
     config_path = work / "gcsfuse.yaml"
-    config_path.write_text(_yaml(settings) + "\n")
+    config_path.write_text(_config_text(settings) + "\n")
     args = [exe, "--foreground", "--implicit-dirs", "--config-file", str(config_path)]
     if anonymous:
         args.append("--anonymous-access")

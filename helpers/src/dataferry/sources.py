@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 __all__ = ["Entry", "Source", "LocalSource", "GCSSource", "from_uri", "SourceError", "NotFoundAtSource",
-           "ChangedAtSource", "is_transient", "safe_name"]
+           "ChangedAtSource", "is_transient", "safe_name", "where"]
 
 CHUNK = 1 << 20
 
@@ -63,6 +63,11 @@ class Source(Protocol):
     def fetch(self, entry: Entry, out: BinaryIO, start: int = 0) -> int:
         """Write the bytes of ``entry`` from offset ``start`` to ``out``; return how many were written.
         Raises :class:`ChangedAtSource` when that version is gone."""
+
+
+def where(source: Source, name: str) -> str:
+    """``source.uri`` and ``name`` joined by one '/', for messages: ``file:///data/sub/x.bin``."""
+    return f"{source.uri.rstrip('/')}/{name}"
 
 
 def safe_name(name: str) -> str:
@@ -168,12 +173,16 @@ class LocalSource:
             raise NotFoundAtSource(f"{entry.name!r} not found in {self.root}") from None
         with f:
             if self._entry(entry.name, os.fstat(f.fileno())).version != entry.version:
-                raise ChangedAtSource(f"{entry.name!r} in {self.root} changed since it was listed")
+                raise ChangedAtSource(f"{where(self, entry.name)} changed since it was listed: list again")
             f.seek(start)
             n = 0
             while chunk := f.read(CHUNK):
                 out.write(chunk)
                 n += len(chunk)
+            # A file rewritten in place while we copied it would leave a mix of old and new bytes.
+            if self._entry(entry.name, os.fstat(f.fileno())).version != entry.version:
+                raise ChangedAtSource(f"{where(self, entry.name)} changed while it was copied: nothing of it "
+                                      "was kept; read it again for its new version")
         return n
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -199,7 +208,8 @@ class GCSSource:
         if not bucket or "/" in bucket:
             raise ValueError(f"invalid bucket name {bucket!r}: give the bare name, e.g. 'my-data'")
         self.bucket = bucket
-        self.prefix = prefix.lstrip("/")
+        # A prefix is a folder: "train" lists train/..., never train_old/...
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.uri = f"gs://{bucket}/{self.prefix}"
         self._client = _tuned(client) if client is not None else None
         self._pid = os.getpid()
@@ -242,7 +252,7 @@ class GCSSource:
                                                fields="items(name,size,generation,crc32c),nextPageToken")
         try:
             for blob in blobs:
-                if not blob.name.endswith("/"):  # folder placeholders hold no data
+                if not (blob.name.endswith("/") and blob.size == 0):  # folder placeholders hold no data
                     yield self._entry(blob)
         except NotFound:
             raise self._missing("listing") from None
@@ -265,8 +275,8 @@ class GCSSource:
             blob.download_to_file(counter, start=start or None, raw_download=True, checksum=None, retry=None)
         except NotFound:
             raise ChangedAtSource(
-                f"{'gs://' + self.bucket + '/' + self.prefix + entry.name!r} generation {entry.version} is gone: the object "
-                "changed or was deleted since it was listed; list again") from None
+                f"{where(self, entry.name)} generation {entry.version} is gone: the object changed or was deleted "
+                "since it was listed; list again") from None
         return counter.n
 
     def __repr__(self) -> str:

@@ -30,7 +30,7 @@ DEFAULT_WORKERS = 32
 
 def shard_of(name: str, world_size: int) -> int:
     """Which of ``world_size`` ranks stages ``name``: stable across processes and runs."""
-    return zlib.crc32(name.encode()) % world_size
+    return zlib.crc32(name.encode("utf-8", "surrogateescape")) % world_size
 
 
 @dataclass

@@ -228,7 +228,7 @@ def test_source_that_stays_down_fails_clearly_within_the_deadline(lab, lab_env, 
     lab.toxiproxy.add_toxic("gcs", {"name": "down", "type": "reset_peer", "toxicity": 1.0, "attributes": {"timeout": 0}})
     try:
         t0 = time.monotonic()
-        with pytest.raises(SourceError, match=r"kept failing for 3 s .*nothing was cached"):
+        with pytest.raises(SourceError, match=r"kept failing for \d+ s \(\d+ attempts; .*nothing was cached"):
             cache.read(source, e)
         assert time.monotonic() - t0 < 15
     finally:

@@ -260,3 +260,20 @@ def test_an_error_of_the_caches_own_disk_is_not_retried_as_a_network_blip(tmp_pa
     with pytest.raises(OSError, match="cache's disk"):
         cache._download(LocalSource(root), LocalSource(root).stat("a.bin"), BadDisk())
     assert time.monotonic() - t0 < 5, "not retried for the deadline: the network is not the problem"
+
+
+def test_listing_with_the_link_down_fails_within_the_deadline_with_the_fills_error_type(lab, lab_env, lab_bucket):
+    from dataferry.sources import SourceError
+
+    lab_bucket.blob("d/a.bin").upload_from_string(b"a")
+    source = GCSSource(lab_bucket.name, "d/", retry_deadline_s=3)
+    lab.toxiproxy.add_toxic("gcs", {"name": "down", "type": "reset_peer", "toxicity": 1.0, "attributes": {"timeout": 0}})
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match=r"listing gs://.*/d/ kept failing for \d+(\.\d)? s \(\d+ attempts; last "
+                                              r"error: .*\)\. Check the connection"):
+            list(source.list())
+        assert time.monotonic() - t0 < 15
+    finally:
+        lab.toxiproxy.remove_toxic("gcs", "down")
+    assert [e.name for e in source.list()] == ["a.bin"], "and lists again once the link is back"

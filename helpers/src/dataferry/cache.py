@@ -43,9 +43,9 @@ from typing import Any, BinaryIO
 
 import google_crc32c
 from google.api_core.exceptions import RetryError
-from google.api_core.retry import Retry
 
-from dataferry.sources import ChangedAtSource, Entry, Source, SourceError, is_transient, where
+from dataferry.sources import (DEFAULT_RETRY_DEADLINE_S, Attempts, ChangedAtSource, Entry, Source, SourceError,
+                               is_transient, retry_policy, where)
 
 __all__ = ["Cache", "CacheStats", "VerifyReport", "ChecksumError", "CacheFullWarning", "CacheFolderError",
            "DEFAULT_MIN_FREE_BYTES"]
@@ -330,7 +330,7 @@ class Cache:
         min_free_bytes: int | float = DEFAULT_MIN_FREE_BYTES,
         *,
         max_refetches: int = 2,
-        retry_deadline_s: float = 120.0,
+        retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S,
     ) -> None:
         self.root = Path(root).absolute()
         self.max_bytes = int(max_bytes) if max_bytes is not None else None
@@ -657,25 +657,21 @@ class Cache:
                             "the object or the connection is damaged. Nothing was cached.")
 
     def _copy_with_retries(self, source: Source, entry: Entry, writer: _Hashing) -> None:
-        errors: list[BaseException] = []
+        attempts = Attempts()
 
         def on_error(exc: BaseException) -> None:
-            errors.append(exc)
+            attempts(exc)
             self._count(retries=1)
 
         def attempt() -> None:
             if writer.n < entry.size or entry.size == 0:
                 source.fetch(entry, writer, start=writer.n)
 
-        retry = Retry(predicate=_source_blip, initial=0.1, maximum=5.0, multiplier=2.0,
-                      timeout=self.retry_deadline_s, on_error=on_error)
         try:
-            retry(attempt)()
+            retry_policy(self.retry_deadline_s, on_error, predicate=_source_blip)(attempt)()
         except RetryError as e:
-            raise SourceError(
-                f"{where(source, _printable(entry.name))}: the source kept failing for {self.retry_deadline_s:.0f} s "
-                f"({len(errors)} attempts; last error: {e.cause!r}). Check the connection and try again; "
-                "nothing was cached.") from e.cause
+            gave_up = attempts.gave_up(f"{where(source, _printable(entry.name))}: the source", e.cause)
+            raise SourceError(f"{gave_up}; nothing was cached.") from e.cause
 
     def _stream(self, source: Source, entry: Entry) -> bytes:
         warnings.warn(f"{where(source, _printable(entry.name))} ({entry.size / 1e6:.1f} MB) does not fit in the cache "

@@ -14,15 +14,17 @@ from __future__ import annotations
 import errno
 import os
 import stat as statmod
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 __all__ = ["Entry", "Source", "LocalSource", "GCSSource", "from_uri", "SourceError", "NotFoundAtSource",
-           "ChangedAtSource", "is_transient", "safe_name", "where"]
+           "ChangedAtSource", "is_transient", "retry_policy", "Attempts", "safe_name", "where", "DEFAULT_RETRY_DEADLINE_S"]
 
 CHUNK = 1 << 20
+DEFAULT_RETRY_DEADLINE_S = 120.0
 
 
 class SourceError(RuntimeError):
@@ -121,6 +123,30 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def retry_policy(deadline_s: float, on_error, predicate=is_transient):
+    """The one retry policy of listings and fills: backoff from 0.1 s to 5 s for ``deadline_s``,
+    retrying what ``predicate`` calls transient; ``on_error`` sees every failed attempt."""
+    from google.api_core.retry import Retry
+
+    return Retry(predicate=predicate, initial=0.1, maximum=5.0, multiplier=2.0, timeout=deadline_s,
+                 on_error=on_error)
+
+
+class Attempts:
+    """Counts the failed attempts of one retried call, and says how it ended."""
+
+    def __init__(self) -> None:
+        self.errors: list[BaseException] = []
+        self.t0 = time.monotonic()
+
+    def __call__(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+
+    def gave_up(self, what: str, cause: BaseException | None) -> SourceError:
+        return SourceError(f"{what} kept failing for {time.monotonic() - self.t0:.0f} s ({len(self.errors)} attempts; "
+                           f"last error: {cause!r}). Check the connection and try again")
+
+
 # -- a folder ---------------------------------------------------------------------------------------
 
 
@@ -204,13 +230,15 @@ class GCSSource:
     project, credentials and endpoint. Clients are never pickled.
     """
 
-    def __init__(self, bucket: str, prefix: str = "", client: Any = None) -> None:
+    def __init__(self, bucket: str, prefix: str = "", client: Any = None, *,
+                 retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S) -> None:
         if not bucket or "/" in bucket:
             raise ValueError(f"invalid bucket name {bucket!r}: give the bare name, e.g. 'my-data'")
         self.bucket = bucket
         # A prefix is a folder: "train" lists train/..., never train_old/...
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.uri = f"gs://{bucket}/{self.prefix}"
+        self.retry_deadline_s = retry_deadline_s
         self._client = _tuned(client) if client is not None else None
         self._pid = os.getpid()
         self._settings = None if client is None else {
@@ -246,16 +274,21 @@ class GCSSource:
         return NotFoundAtSource(f"{what} not found in gs://{self.bucket}/{self.prefix}")
 
     def list(self) -> Iterator[Entry]:
-        from google.api_core.exceptions import NotFound
+        """Every object under the prefix, page by page; each page request retried like a fill."""
+        from google.api_core.exceptions import NotFound, RetryError
 
+        attempts = Attempts()
         blobs = self._client_here().list_blobs(self.bucket, prefix=self.prefix or None, page_size=1000,
-                                               fields="items(name,size,generation,crc32c),nextPageToken")
+                                               fields="items(name,size,generation,crc32c),nextPageToken",
+                                               retry=retry_policy(self.retry_deadline_s, attempts))
         try:
             for blob in blobs:
                 if not (blob.name.endswith("/") and blob.size == 0):  # folder placeholders hold no data
                     yield self._entry(blob)
         except NotFound:
             raise self._missing("listing") from None
+        except RetryError as e:
+            raise attempts.gave_up(f"listing {self.uri}", e.cause) from e.cause
 
     def stat(self, name: str) -> Entry:
         blob = self._bucket().get_blob(self.prefix + name)

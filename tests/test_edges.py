@@ -277,3 +277,133 @@ def test_listing_with_the_link_down_fails_within_the_deadline_with_the_fills_err
     finally:
         lab.toxiproxy.remove_toxic("gcs", "down")
     assert [e.name for e in source.list()] == ["a.bin"], "and lists again once the link is back"
+
+
+def _filled(tmp_path, n=20, size=10_000, **budget):
+    root = tmp_path / "src"
+    root.mkdir(exist_ok=True)
+    for i in range(n):
+        (root / f"f{i:03d}.bin").write_bytes(bytes([i]) * size)
+    source, cache = LocalSource(root), Cache(tmp_path / "c", min_free_bytes=0, **budget)
+    for i in range(n):
+        cache.read(source, f"f{i:03d}.bin")
+    cache._flush()
+    return source, cache
+
+
+def test_a_failed_eviction_transaction_deletes_no_file(tmp_path):
+    """Files go only after the rows that name them are committed: a statement that fails half-way
+    (a full disk, a crash) rolls the rows back with every file still there."""
+    import sqlite3
+
+    source, cache = _filled(tmp_path)
+
+    class DiskFullMidPrune(Cache):
+        def _lru(self, db, batch=256):
+            for i, victim in enumerate(Cache._lru(db, batch)):
+                if i == 10:
+                    raise sqlite3.OperationalError("database or disk is full")
+                yield victim
+
+    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+        DiskFullMidPrune(tmp_path / "c", min_free_bytes=0).prune(0)
+    report = cache.verify()
+    assert report.ok and report.checked == 20, report.bad
+
+
+def test_rows_whose_file_is_missing_are_reconciled_when_the_cache_opens(tmp_path):
+    source, cache = _filled(tmp_path)
+    gone = cache.path(source, "f003.bin")
+    gone.unlink()  # what the old eviction left after a rollback, or a person cleaning up by hand
+    stray = gone.parent / ("0" * 64)
+    stray.write_bytes(b"not in the index")
+    reopened = Cache(tmp_path / "c", min_free_bytes=0)
+    assert reopened.usage() == (19, 19 * 10_000), "the index counts only bytes that exist"
+    assert not stray.exists(), "a file no row names is removed"
+    assert reopened.verify().ok
+
+
+def test_verify_while_another_process_fills_deletes_nothing_good(tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(400):
+        (root / f"f{i:04d}.bin").write_bytes(os.urandom(2_000))
+    script = (f"from dataferry import Cache, LocalSource, stage\n"
+              f"stage(LocalSource({str(root)!r}), Cache({str(tmp_path / 'c')!r}, min_free_bytes=0), workers=4, progress=False)\n")
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    filler = subprocess.Popen([sys.executable, "-c", script])
+    reports = []
+    while filler.poll() is None:
+        reports.append(cache.verify())
+    filler.wait()
+    reports.append(cache.verify())
+    assert filler.returncode == 0
+    assert all(r.ok and r.orphans_removed == 0 for r in reports), [r for r in reports if not r.ok or r.orphans_removed]
+    assert cache.usage() == (400, 400 * 2_000) and reports[-1].checked == 400
+
+
+def test_clear_removes_only_what_it_cleared(tmp_path):
+    source, cache = _filled(tmp_path, n=5)
+    entry = source.stat("f000.bin")
+    key = cache.key(source, entry)
+    cache._discard(key)
+    assert cache._reserve(source, entry, key)  # a fill in progress (another process's, say)
+    Path(cache._object_path(key)).write_bytes(bytes([0]) * 10_000)  # renamed into place, not yet ready
+    cache.clear()
+    assert Path(cache._object_path(key)).exists(), "a fill in progress keeps its file"
+    assert cache.usage() == (1, 10_000)
+
+
+def test_a_dead_fillers_reservation_is_reclaimed_where_room_is_decided(tmp_path):
+    source, cache = _filled(tmp_path, n=2, max_bytes=30_000)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    with cache._write() as db:  # a filler that reserved 15 kB and was then SIGKILLed
+        db.execute("INSERT INTO entries VALUES ('dead', 'x', 'y', 'v', 15000, NULL, 'filling', ?, 0, 0)", (int(dead),))
+    (tmp_path / "src" / "big.bin").write_bytes(b"b" * 9_000)
+    with warnings_as_errors():
+        assert cache.read(source, "big.bin") == b"b" * 9_000, "fits once the dead reservation is gone"
+    assert cache.usage() == (3, 29_000)
+
+
+def warnings_as_errors():
+    import warnings
+
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("error")
+
+    class _Ctx:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            ctx.__exit__(*exc)
+
+    return _Ctx()
+
+
+def test_a_failed_index_batch_loses_no_unrelated_update_and_a_dead_writer_is_an_error(tmp_path):
+    source, cache = _filled(tmp_path, n=3)
+    writer = cache._index
+    writer._queue.put(("touch", None, None))  # one bad item (a None where uses belong) in the next batch
+    (tmp_path / "src" / "new.bin").write_bytes(b"n" * 100)
+    cache.read(source, "new.bin")
+    cache._flush()
+    states = dict(cache._db().execute("SELECT name, state FROM entries").fetchall())
+    assert states["new.bin"] == "ready", "an unrelated fill was marked ready despite the bad item"
+    writer._queue.put(("stop", None, None))  # the writer thread ends (as if it had crashed)
+    writer._thread.join(5)
+    assert not writer._thread.is_alive()
+    from concurrent.futures import Future
+
+    queued = Future()
+    writer._queue.put(("flush", None, queued))  # a request the dead writer will never answer
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="index writer .* stopped"):
+        writer._wait(queued)
+    assert time.monotonic() - t0 < 10, "no wait forever on a dead writer"
+    (tmp_path / "src" / "later.bin").write_bytes(b"l" * 100)
+    assert cache.read(source, "later.bin") == b"l" * 100, "later fills get a new writer"
+    cache._flush()
+    assert dict(cache._db().execute("SELECT name, state FROM entries").fetchall())["later.bin"] == "ready"

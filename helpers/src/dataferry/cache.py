@@ -37,6 +37,7 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -174,6 +175,18 @@ def _read_all(fd: int, size: int) -> bytes:
     return b"".join(parts)
 
 
+def _release(doomed: list[tuple[str, int]], unlink: bool) -> None:
+    """Unlink evicted files (after their rows' deletion committed) and drop the locks that kept
+    readers out meanwhile; ``unlink=False`` (the transaction failed) keeps every file."""
+    for path, fd in doomed:
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if fd >= 0:
+            os.close(fd)
+    doomed.clear()
+
+
 def _source_blip(exc: BaseException) -> bool:
     """Worth retrying: a transient error of the source, never one of the cache's own disk."""
     return not isinstance(exc, CacheFolderError) and is_transient(exc)
@@ -213,7 +226,7 @@ class _IndexWriter:
     def reserve(self, row: tuple) -> bool:
         fut: Future = Future()
         self._queue.put(("reserve", row, fut))
-        return fut.result()
+        return self._wait(fut)
 
     def ready(self, crc: str, when: float, key: str) -> None:
         self._queue.put(("ready", (crc, when, key), None))
@@ -224,7 +237,21 @@ class _IndexWriter:
     def flush(self) -> None:
         fut: Future = Future()
         self._queue.put(("flush", None, fut))
-        fut.result()
+        self._wait(fut)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _wait(self, fut: Future) -> Any:
+        """The answer to a request; an error, not a wait forever, if the writer thread has died."""
+        while True:
+            try:
+                return fut.result(timeout=1.0)
+            except FutureTimeout:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the cache's index writer thread stopped before answering; "
+                                       "try again (a new one starts)") from None
 
     def _run(self) -> None:
         cache = self._cache_ref()
@@ -243,24 +270,51 @@ class _IndexWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            if any(kind == "stop" for kind, _, _ in batch):
+                batch = [item for item in batch if item[0] != "stop"]
+                db = None
             cache = self._cache_ref()
             try:
-                if cache is None:
-                    raise RuntimeError("the cache was closed")
-                with cache._write(db):
-                    answers = self._apply(cache, db, batch)
-            except BaseException as e:  # noqa: BLE001 - every waiter hears about it
+                self._commit(cache, db or cache._connect(), batch)
+            finally:
+                del cache
+
+    def _commit(self, cache: Cache | None, db: sqlite3.Connection, batch: list) -> None:
+        """Apply a batch in one transaction; if it fails, item by item, so that one bad request
+        fails alone and every other finished fill is still marked ready."""
+        try:
+            if cache is None:
+                raise RuntimeError("the cache was closed")
+            self._answer(self._transaction(cache, db, batch))
+            return
+        except BaseException as e:  # noqa: BLE001 - retried one by one below
+            if len(batch) == 1 or cache is None:
                 for _, _, fut in batch:
                     if fut is not None and not fut.done():
                         fut.set_exception(e)
-                continue
-            finally:
-                del cache
-            for fut, answer in answers:
+                return
+        for item in batch:
+            self._commit(cache, db, [item])
+
+    def _transaction(self, cache: Cache, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
+        doomed: list[tuple[str, int]] = []
+        try:
+            with cache._write(db):
+                answers = self._apply(cache, db, batch, doomed)
+        except BaseException:
+            _release(doomed, unlink=False)
+            raise
+        _release(doomed, unlink=True)  # files go only once the rows naming them are gone for good
+        return answers
+
+    @staticmethod
+    def _answer(answers: list[tuple[Future, Any]]) -> None:
+        for fut, answer in answers:
+            if not fut.done():
                 fut.set_result(answer)
 
     @staticmethod
-    def _apply(cache: Cache, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
+    def _apply(cache: Cache, db: sqlite3.Connection, batch: list, doomed: list) -> list[tuple[Future, Any]]:
         ready = [args for kind, args, _ in batch if kind == "ready"]
         touched: dict[str, float] = {}
         for kind, args, _ in batch:
@@ -276,6 +330,7 @@ class _IndexWriter:
         used, filling = db.execute("SELECT bytes, filling_bytes FROM usage").fetchone()
         free = shutil.disk_usage(cache.root).free - filling
         victims = None
+        reclaimed = False
         accepted = []
         for row, fut in wants:
             size = row[4]
@@ -284,10 +339,15 @@ class _IndexWriter:
                 over_budget = used + size - cache.max_bytes if cache.max_bytes is not None else 0
                 return max(over_budget, cache.min_free_bytes - (free - size), 0)
 
+            if short() and not reclaimed:  # room held by fillers that died is room
+                reclaimed = True
+                if cache._reclaim_dead_fills(db, doomed):
+                    used, filling = db.execute("SELECT bytes, filling_bytes FROM usage").fetchone()
+                    free = shutil.disk_usage(cache.root).free - filling
             if short():
                 victims = victims or cache._lru(db)
                 for victim, vsize in victims:
-                    if cache._evict(db, victim):
+                    if cache._evict(db, victim, doomed):
                         used, free = used - vsize, free + vsize
                         if not short():
                             break
@@ -412,9 +472,9 @@ class Cache:
     def _index(self) -> _IndexWriter:
         if self._pid != os.getpid():
             self._init_process_state()
-        if self._index_writer is None:
+        if self._index_writer is None or not self._index_writer.alive:
             with self._mutex:
-                if self._index_writer is None:
+                if self._index_writer is None or not self._index_writer.alive:
                     self._index_writer = _IndexWriter(self)
         return self._index_writer
 
@@ -706,8 +766,9 @@ class Cache:
                 return
             last = rows[-1][2]
 
-    def _evict(self, db: sqlite3.Connection, key: str) -> bool:
-        """Remove one entry unless a reader holds it. Runs inside a write transaction."""
+    def _evict(self, db: sqlite3.Connection, key: str, doomed: list[tuple[str, int]]) -> bool:
+        """Remove one entry's row unless a reader holds it. Runs inside a write transaction; the
+        file goes on ``doomed``, to be unlinked by :func:`_release` once the transaction commits."""
         path = self._object_path(key)
         if not db.execute("SELECT 1 FROM entries WHERE key = ? AND state = 'ready'", (key,)).fetchone():
             return False  # already gone (the batch is a snapshot)
@@ -721,20 +782,21 @@ class Cache:
         except BlockingIOError:
             os.close(fd)
             return False
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            db.execute("DELETE FROM entries WHERE key = ?", (key,))
-        finally:
-            os.close(fd)
+        doomed.append((path, fd))
+        db.execute("DELETE FROM entries WHERE key = ?", (key,))
         self._count(evictions=1)
         return True
 
     def _discard(self, key: str) -> None:
-        with self._write() as db:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._object_path(key))
-            db.execute("DELETE FROM entries WHERE key = ?", (key,))
+        doomed: list[tuple[str, int]] = []
+        try:
+            with self._write() as db:
+                db.execute("DELETE FROM entries WHERE key = ?", (key,))
+                doomed.append((self._object_path(key), -1))
+        except BaseException:
+            _release(doomed, unlink=False)
+            raise
+        _release(doomed, unlink=True)
 
     def prune(self, max_bytes: int | None = None) -> int:
         """Evict least-recently-used entries (not those being read) until the cache holds at most
@@ -744,20 +806,27 @@ class Cache:
         if limit is None:
             return 0
         evicted = 0
-        with self._write() as db:
-            used = db.execute("SELECT bytes FROM usage").fetchone()[0]
-            for victim, size in self._lru(db):
-                if used <= limit:
-                    break
-                if self._evict(db, victim):
-                    used -= size
-                    evicted += 1
+        doomed: list[tuple[str, int]] = []
+        try:
+            with self._write() as db:
+                used = db.execute("SELECT bytes FROM usage").fetchone()[0]
+                for victim, size in self._lru(db):
+                    if used <= limit:
+                        break
+                    if self._evict(db, victim, doomed):
+                        used -= size
+                        evicted += 1
+        except BaseException:
+            _release(doomed, unlink=False)
+            raise
+        _release(doomed, unlink=True)
         return evicted
 
     # -- recovery and checks ----------------------------------------------------------------
 
     def _recover(self) -> None:
-        """Clean what crashed processes left: dead fills' temp files and index rows."""
+        """Clean what crashed processes left: dead fills' temp files and index rows, rows whose
+        file is missing, and files no row names (evicted by a process that died before unlinking)."""
         for tmp in (self.root / "tmp").iterdir():
             try:
                 pid = int(tmp.name.split(".")[-2])
@@ -765,58 +834,90 @@ class Cache:
                 pid = -1
             if pid != os.getpid() and not _pid_alive(pid):
                 tmp.unlink(missing_ok=True)
+        doomed: list[tuple[str, int]] = []
         with self._write() as db:
-            for key, pid, size, crc in db.execute(
-                    "SELECT key, pid, size, crc32c FROM entries WHERE state = 'filling'").fetchall():
-                if _pid_alive(pid):
-                    continue
-                path = Path(self._object_path(key))
-                # Renamed into place but not yet marked ready: the file was verified before the
-                # rename, so a right-sized file is whole; anything else goes.
-                if path.exists() and path.stat().st_size == size:
-                    db.execute("UPDATE entries SET state = 'ready', crc32c = ? WHERE key = ?",
-                               (crc or _file_crc(path)[1], key))
-                else:
-                    path.unlink(missing_ok=True)
-                    db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            self._reclaim_dead_fills(db, doomed)
+        _release(doomed, unlink=True)
+        for sub in sorted(os.listdir(self._objects)):
+            files = set(os.listdir(f"{self._objects}/{sub}"))
+            rows = dict(self._db().execute("SELECT key, state FROM entries WHERE key >= ? AND key < ?",
+                                           (sub, sub + "g")).fetchall())
+            missing = [k for k, state in rows.items() if state == "ready" and k not in files]
+            if missing:
+                with self._write() as db:
+                    db.executemany("DELETE FROM entries WHERE key = ? AND state = 'ready'", [(k,) for k in missing])
+            for name in files - rows.keys():
+                self._remove_orphan(sub, name)
+
+    def _reclaim_dead_fills(self, db: sqlite3.Connection, doomed: list[tuple[str, int]]) -> bool:
+        """Inside a write transaction: finish or drop the fills of processes that died. A file
+        renamed into place but not yet marked ready was verified before the rename, so a
+        right-sized one is whole; anything else goes. True when anything changed."""
+        changed = False
+        for key, pid, size, crc in db.execute(
+                "SELECT key, pid, size, crc32c FROM entries WHERE state = 'filling'").fetchall():
+            if _pid_alive(pid):
+                continue
+            changed = True
+            path = Path(self._object_path(key))
+            if path.exists() and path.stat().st_size == size:
+                db.execute("UPDATE entries SET state = 'ready', crc32c = ? WHERE key = ?",
+                           (crc or _file_crc(path)[1], key))
+            else:
+                doomed.append((str(path), -1))
+                db.execute("DELETE FROM entries WHERE key = ?", (key,))
+        return changed
+
+    def _remove_orphan(self, sub: str, name: str) -> bool:
+        """Unlink ``objects/sub/name`` if no row names it. Its fill lock is held meanwhile: a fill
+        holds it from before its row exists until after its rename, so none can be missed."""
+        with self._fill_lock(name):
+            if self._db().execute("SELECT 1 FROM entries WHERE key = ?", (name,)).fetchone():
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{self._objects}/{sub}/{name}")
+            return True
 
     def verify(self) -> VerifyReport:
         """Re-read every cached object and check size and CRC32C; remove bad entries (they are
-        fetched again on the next read) and files the index does not know. Returns the report."""
+        fetched again on the next read) and files the index does not know. Safe while other
+        processes fill, read and evict: an entry evicted meanwhile is not bad, and a file is an
+        orphan only if no row names it while its fill lock is held. Returns the report."""
         self._flush()
         report = VerifyReport()
-        rows = self._db().execute(
-            "SELECT key, source, name, size, crc32c FROM entries WHERE state = 'ready'").fetchall()
-        known = set()
-        for key, source, name, size, crc in rows:
-            known.add(key)
-            report.checked += 1
-            try:
-                n, got = _file_crc(self._object_path(key))
+        for sub in sorted(os.listdir(self._objects)):
+            rows = self._db().execute("SELECT key, source, name, size, crc32c FROM entries "
+                                      "WHERE state = 'ready' AND key >= ? AND key < ?", (sub, sub + "g")).fetchall()
+            for key, source, name, size, crc in rows:
+                try:
+                    n, got = _file_crc(Path(self._object_path(key)))
+                except FileNotFoundError:
+                    if self._db().execute("SELECT 1 FROM entries WHERE key = ? AND state = 'ready'",
+                                          (key,)).fetchone():
+                        report.checked += 1
+                        report.bad.append((source, name, "file missing"))
+                        self._discard(key)
+                    continue  # evicted meanwhile: not bad
+                report.checked += 1
                 why = (f"size {n}, expected {size}" if n != size
                        else f"crc32c {got}, expected {crc}" if crc and got != crc else "")
-            except FileNotFoundError:
-                why = "file missing"
-            if why:
-                report.bad.append((source, name, why))
-                self._discard(key)
-        with self._write() as db:
-            filling = {k for (k,) in db.execute("SELECT key FROM entries WHERE state = 'filling'")}
-        for sub in (self.root / "objects").iterdir():
-            for path in sub.iterdir():
-                if path.name not in known and path.name not in filling:
-                    path.unlink(missing_ok=True)
+                if why:
+                    report.bad.append((source, name, why))
+                    self._discard(key)
+            known = {row[0] for row in rows}
+            for name in os.listdir(f"{self._objects}/{sub}"):
+                if name not in known and self._remove_orphan(sub, name):
                     report.orphans_removed += 1
         return report
 
     def clear(self) -> None:
-        """Remove every entry (waiting for nothing: files being read stay readable until closed)."""
+        """Remove every ready entry. Fills in progress keep theirs; files being read stay readable
+        until closed. The index lock is held only to delete rows, never while files are removed."""
         self._flush()
         with self._write() as db:
+            keys = [key for (key,) in db.execute("SELECT key FROM entries WHERE state = 'ready'")]
             db.execute("DELETE FROM entries WHERE state = 'ready'")
-            for sub in (self.root / "objects").iterdir():
-                for path in sub.iterdir():
-                    path.unlink(missing_ok=True)
+        _release([(self._object_path(key), -1) for key in keys], unlink=True)
         with self._mutex:
             self._touched.clear()
 

@@ -4,6 +4,7 @@ edges). Real folders, real lab buckets, real forks; nothing is mocked."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -347,7 +348,7 @@ def test_clear_removes_only_what_it_cleared(tmp_path):
     entry = source.stat("f000.bin")
     key = cache.key(source, entry)
     cache._discard(key)
-    assert cache._reserve(source, entry, key)  # a fill in progress (another process's, say)
+    assert cache._reserve(source, entry, key) is None  # a fill in progress (another process's, say)
     Path(cache._object_path(key)).write_bytes(bytes([0]) * 10_000)  # renamed into place, not yet ready
     cache.clear()
     assert Path(cache._object_path(key)).exists(), "a fill in progress keeps its file"
@@ -407,3 +408,87 @@ def test_a_failed_index_batch_loses_no_unrelated_update_and_a_dead_writer_is_an_
     assert cache.read(source, "later.bin") == b"l" * 100, "later fills get a new writer"
     cache._flush()
     assert dict(cache._db().execute("SELECT name, state FROM entries").fetchall())["later.bin"] == "ready"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 16 MiB file system (tmpfs; mounting needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+class FillsTheDiskMidCopy(LocalSource):
+    """A folder whose copy is interrupted by something else filling the cache's disk: another
+    program's download, a checkpoint, a log."""
+
+    def __init__(self, root: Path, ballast: Path) -> None:
+        super().__init__(root)
+        self.ballast, self.filled = ballast, False
+
+    def fetch(self, entry: Entry, out, start: int = 0) -> int:
+        if not self.filled:
+            self.filled = True
+            with open(self.ballast, "wb") as f:
+                with contextlib.suppress(OSError):
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+        return super().fetch(entry, out, start)
+
+
+def test_a_disk_that_fills_up_mid_fill_streams_with_a_warning_and_corrupts_nothing(tmp_path, small_disk):
+    import warnings
+
+    from dataferry.cache import CacheFullWarning
+
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "a.bin").write_bytes(os.urandom(3 << 20))
+    (root / "b.bin").write_bytes(os.urandom(2 << 20))
+    cache = Cache(small_disk / "c", min_free_bytes=0, retry_deadline_s=5)
+    cache.read(LocalSource(root), "b.bin")
+    source = FillsTheDiskMidCopy(root, small_disk / "ballast")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cache.read(source, "a.bin") == (root / "a.bin").read_bytes()
+    full = [w for w in caught if issubclass(w.category, CacheFullWarning)]
+    assert full and "disk" in str(full[0].message) and str(small_disk / "c") in str(full[0].message)
+    assert "free" in str(full[0].message)
+    (small_disk / "ballast").unlink()
+    report = cache.verify()
+    assert report.ok and report.checked == 1 and cache.usage() == (1, 2 << 20)
+    assert list((small_disk / "c" / "tmp").iterdir()) == [], "no temp file left behind"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.read(source, "a.bin") == (root / "a.bin").read_bytes()
+    assert cache.contains(source, source.stat("a.bin")) and cache.usage() == (2, 5 << 20), "cached once there is room"
+    assert cache.verify().checked == 2
+
+
+def test_stage_waits_for_room_held_by_readers_and_names_the_limit_that_stops_it(tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    for name, size in (("a.bin", 10_000), ("b.bin", 10_000), ("c.bin", 15_000)):
+        (root / name).write_bytes(b"z" * size)
+    source = LocalSource(root)
+    cache = Cache(tmp_path / "c", max_bytes=30_000, min_free_bytes=0)
+    readers = [cache.open(source, "a.bin"), cache.open(source, "b.bin")]  # a DataLoader mid-batch
+    threading.Timer(1.0, readers[0].close).start()
+    t0 = time.monotonic()
+    report = stage(source, cache, ["c.bin"], progress=False)
+    assert report.failures == [] and report.fetched == 1, report.failures
+    assert 0.9 < time.monotonic() - t0 < 8, "it waited for the reader, and no longer"
+    readers[1].close()
+
+    strict = Cache(tmp_path / "c2", min_free_bytes=10**15)
+    report = stage(source, strict, ["a.bin"], progress=False)
+    assert len(report.failures) == 1
+    assert "min_free_bytes=1000000000000000 would be crossed" in report.failures[0][1]
+    report = stage(source, Cache(tmp_path / "c3", max_bytes=5_000, min_free_bytes=0), ["a.bin"], progress=False)
+    assert "larger than the whole budget (max_bytes=5000)" in report.failures[0][1]

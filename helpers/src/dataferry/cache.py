@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
@@ -58,6 +59,7 @@ LOCK_STRIPES_HEX = 3  # 4096 fill-lock files
 FLUSH_EVERY = 256
 FLUSH_S = 2.0
 IDLE_CHECK_S = 5.0
+ROOM_WAIT_S = 10.0  # how long a fill waits for room held by readers or fills in flight
 
 
 class ChecksumError(SourceError):
@@ -187,6 +189,13 @@ def _release(doomed: list[tuple[str, int]], unlink: bool) -> None:
     doomed.clear()
 
 
+def _disk_full(exc: BaseException) -> bool:
+    """The cache's disk (or its index) ran out of space."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return "full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+
+
 def _source_blip(exc: BaseException) -> bool:
     """Worth retrying: a transient error of the source, never one of the cache's own disk."""
     return not isinstance(exc, CacheFolderError) and is_transient(exc)
@@ -207,6 +216,14 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a fill found no room; ``transient`` when readers or fills in flight hold the room."""
+
+    why: str
+    transient: bool = False
+
+
 class _IndexWriter:
     """One thread per process applies index writes in batches ("group commit").
 
@@ -220,6 +237,7 @@ class _IndexWriter:
     def __init__(self, cache: Cache) -> None:
         self._cache_ref = weakref.ref(cache)  # the thread must not keep its cache alive
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._later: list = []  # finished fills and cancellations a full disk refused: tried with the next batch
         self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
         self._thread.start()
 
@@ -233,6 +251,9 @@ class _IndexWriter:
 
     def touch(self, touched: dict[str, float]) -> None:
         self._queue.put(("touch", touched, None))
+
+    def forget(self, key: str) -> None:
+        self._queue.put(("forget", key, None))
 
     def flush(self) -> None:
         fut: Future = Future()
@@ -270,6 +291,7 @@ class _IndexWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            batch, self._later = self._later + batch, []
             if any(kind == "stop" for kind, _, _ in batch):
                 batch = [item for item in batch if item[0] != "stop"]
                 db = None
@@ -289,6 +311,8 @@ class _IndexWriter:
             return
         except BaseException as e:  # noqa: BLE001 - retried one by one below
             if len(batch) == 1 or cache is None:
+                if batch[0][0] in ("ready", "forget") and _disk_full(e):
+                    self._later += batch  # the disk may have room again by the next batch
                 for _, _, fut in batch:
                     if fut is not None and not fut.done():
                         fut.set_exception(e)
@@ -323,6 +347,8 @@ class _IndexWriter:
         # Finished fills and recent uses first, so the LRU order below is current.
         db.executemany("UPDATE entries SET state = 'ready', crc32c = ?, last_used = ? WHERE key = ?", ready)
         db.executemany("UPDATE entries SET last_used = ? WHERE key = ?", [(t, k) for k, t in touched.items()])
+        db.executemany("DELETE FROM entries WHERE key = ? AND state = 'filling'",
+                       [(key,) for kind, key, _ in batch if kind == "forget"])
         answers: list[tuple[Future, Any]] = [(fut, None) for kind, _, fut in batch if kind == "flush"]
         wants = [(args, fut) for kind, args, fut in batch if kind == "reserve"]
         if not wants:
@@ -331,13 +357,16 @@ class _IndexWriter:
         free = shutil.disk_usage(cache.root).free - filling
         victims = None
         reclaimed = False
+        held = 0  # entries that could not be evicted because a reader holds them
         accepted = []
         for row, fut in wants:
             size = row[4]
 
+            def over_budget() -> int:
+                return used + size - cache.max_bytes if cache.max_bytes is not None else 0
+
             def short() -> int:
-                over_budget = used + size - cache.max_bytes if cache.max_bytes is not None else 0
-                return max(over_budget, cache.min_free_bytes - (free - size), 0)
+                return max(over_budget(), cache.min_free_bytes - (free - size), 0)
 
             if short() and not reclaimed:  # room held by fillers that died is room
                 reclaimed = True
@@ -351,12 +380,19 @@ class _IndexWriter:
                         used, free = used - vsize, free + vsize
                         if not short():
                             break
+                    else:
+                        held += 1
             if short():
-                answers.append((fut, False))
+                if over_budget() > 0:
+                    why = f"max_bytes={cache.max_bytes} would be exceeded ({used} B cached or being filled)"
+                else:
+                    why = (f"min_free_bytes={cache.min_free_bytes} would be crossed on the cache's disk "
+                           f"({max(free, 0)} B free there, after {filling} B of fills in flight)")
+                answers.append((fut, Refusal(why, transient=bool(held or filling))))
                 continue
             used, free = used + size, free - size
             accepted.append(row)
-            answers.append((fut, True))
+            answers.append((fut, None))
         db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?)", accepted)
         return answers
 
@@ -669,14 +705,34 @@ class Cache:
             if os.path.exists(path):
                 return 0
             self._count(misses=1)
-            if not self._reserve(source, entry, key):
+            refusal = self._reserve(source, entry, key)
+            if refusal is not None:
+                self._local.refusal = refusal.why
                 return -1
             try:
                 return self._download_into_place(source, entry, key, path)
-            except BaseException:
-                with self._write() as db:
-                    db.execute("DELETE FROM entries WHERE key = ? AND state = 'filling'", (key,))
+            except BaseException as e:
+                self._cancel_fill(key)
+                if not _disk_full(e):
+                    raise
+                self._local.refusal = f"the cache's disk filled up during the download ({self._free()})"
+                return -1
+
+    @property
+    def last_refusal(self) -> str:
+        """Why this thread's last fill found no room (the reason a read streamed, or a stage skipped)."""
+        return getattr(self._local, "refusal", "")
+
+    def _cancel_fill(self, key: str) -> None:
+        """Drop a failed fill's reservation; on a full disk the index may refuse even that, and the
+        row waits for the next batch of index writes (or the next open) to go."""
+        try:
+            with self._write() as db:
+                db.execute("DELETE FROM entries WHERE key = ? AND state = 'filling'", (key,))
+        except sqlite3.OperationalError as e:
+            if not _disk_full(e):
                 raise
+            self._index.forget(key)
 
     def _download_into_place(self, source: Source, entry: Entry, key: str, path: str) -> int:
         """Download to a temp file, verify, fsync, rename into place. The rename is atomic, so
@@ -735,7 +791,8 @@ class Cache:
 
     def _stream(self, source: Source, entry: Entry) -> bytes:
         warnings.warn(f"{where(source, _printable(entry.name))} ({entry.size / 1e6:.1f} MB) does not fit in the cache "
-                      f"{self}; reading it straight from the source", CacheFullWarning, stacklevel=3)
+                      f"{self}: {self.last_refusal}; reading it straight from the source", CacheFullWarning,
+                      stacklevel=3)
         buf = io.BytesIO()
         self._download(source, entry, buf)
         self._count(streamed=1, bytes_from_source=entry.size)
@@ -743,13 +800,29 @@ class Cache:
 
     # -- budget -----------------------------------------------------------------------------
 
-    def _reserve(self, source: Source, entry: Entry, key: str) -> bool:
-        """Record a fill in progress, evicting least-recently-used entries to make room."""
+    def _reserve(self, source: Source, entry: Entry, key: str) -> Refusal | None:
+        """Record a fill in progress, evicting least-recently-used entries to make room. While the
+        room is held by readers or fills in flight, wait for it (up to ``ROOM_WAIT_S``); returns
+        None when reserved, else why not."""
         if self.max_bytes is not None and entry.size > self.max_bytes:
-            return False
-        now = time.time()
-        return self._index.reserve((key, source.uri, _printable(entry.name), entry.version, entry.size, os.getpid(),
-                                    now, now))
+            return Refusal(f"the object is larger than the whole budget (max_bytes={self.max_bytes})")
+        deadline, pause = time.monotonic() + ROOM_WAIT_S, 0.05
+        while True:
+            now = time.time()
+            try:
+                refusal = self._index.reserve((key, source.uri, _printable(entry.name), entry.version, entry.size,
+                                               os.getpid(), now, now))
+            except sqlite3.OperationalError as e:
+                if not _disk_full(e):
+                    raise
+                return Refusal(f"the cache's disk is full: its index could not grow ({self._free()})")
+            if refusal is None or not refusal.transient or time.monotonic() > deadline:
+                return refusal
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)
+
+    def _free(self) -> str:
+        return f"{shutil.disk_usage(self.root).free / 1e6:.1f} MB free in {self.root}"
 
     @staticmethod
     def _lru(db: sqlite3.Connection, batch: int = 256) -> Iterator[tuple[str, int]]:

@@ -85,15 +85,16 @@ def stage(
     bar = tqdm(desc=f"staging {source.uri}", unit="file", disable=not progress, dynamic_ncols=True)
     t0 = time.perf_counter()
 
-    def one(item: str | Entry) -> tuple[str, int, int]:
+    def one(item: str | Entry) -> tuple[str, int, int, str]:
         entry = item if isinstance(item, Entry) else source.stat(item)
-        return entry.name, entry.size, cache.fill(source, entry)
+        fetched = cache.fill(source, entry)
+        return entry.name, entry.size, fetched, cache.last_refusal if fetched < 0 else ""
 
     def settle(done: Iterable[Future], names_of: dict[Future, str]) -> None:
         for fut in done:
             name = names_of.pop(fut)
             try:
-                _, size, fetched = fut.result()
+                _, size, fetched, refusal = fut.result()
             except Exception as e:  # noqa: BLE001 - every failure is reported, none stops the rest
                 report.failures.append((name, f"{e.__class__.__name__}: {e}"))
             else:
@@ -104,7 +105,7 @@ def stage(
                 elif fetched == 0:
                     report.already_cached += 1
                 else:
-                    report.failures.append((name, "does not fit in the cache budget"))
+                    report.failures.append((name, f"does not fit in the cache: {refusal}"))
             report.files += 1
             bar.update(1)
         elapsed = time.perf_counter() - t0

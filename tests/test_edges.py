@@ -492,3 +492,26 @@ def test_stage_waits_for_room_held_by_readers_and_names_the_limit_that_stops_it(
     assert "min_free_bytes=1000000000000000 would be crossed" in report.failures[0][1]
     report = stage(source, Cache(tmp_path / "c3", max_bytes=5_000, min_free_bytes=0), ["a.bin"], progress=False)
     assert "larger than the whole budget (max_bytes=5000)" in report.failures[0][1]
+
+
+@pytest.mark.parametrize("toxic", [
+    {"name": "blackhole", "type": "timeout", "attributes": {"timeout": 0}},     # nothing ever comes back
+    # 2 KB/s in 64-byte slices (toxiproxy's bandwidth toxic sleeps per 32 KB chunk, which outlasts its API)
+    {"name": "trickle", "type": "slicer", "attributes": {"average_size": 64, "size_variation": 0, "delay": 32000}},
+], ids=["blackholed", "2 KB/s"])
+def test_the_retry_deadline_bounds_a_fill_however_the_link_fails(lab, lab_env, lab_bucket, tmp_path, toxic):
+    from dataferry.sources import SourceError
+
+    lab_bucket.blob("x/obj").upload_from_string(os.urandom(1 << 20))
+    source = GCSSource(lab_bucket.name, "x/")
+    entry = source.stat("obj")
+    cache = Cache(tmp_path / "c", min_free_bytes=0, retry_deadline_s=3)
+    lab.toxiproxy.add_toxic("gcs", {"stream": "downstream", "toxicity": 1.0, **toxic})
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match=r"gs://.*/x/obj: .* (3|4|5|6) s \(\d+ attempts?; .*nothing was cached"):
+            cache.read(source, entry)
+        assert time.monotonic() - t0 < 10, "bounded by the deadline, not by the client's 60 s timeouts"
+    finally:
+        lab.toxiproxy.remove_toxic("gcs", toxic["name"])
+    assert cache.usage() == (0, 0)

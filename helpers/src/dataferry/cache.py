@@ -60,6 +60,8 @@ FLUSH_EVERY = 256
 FLUSH_S = 2.0
 IDLE_CHECK_S = 5.0
 ROOM_WAIT_S = 10.0  # how long a fill waits for room held by readers or fills in flight
+STALL_S = 30.0  # the longest wait for the next byte of a download before it is retried
+MIN_FILL_BYTES_PER_S = 1e6  # a fill may take retry_deadline_s, or a second per MB if that is longer
 
 
 class ChecksumError(SourceError):
@@ -113,13 +115,20 @@ class VerifyReport:
         return f"VerifyReport(checked={self.checked}, bad={len(self.bad)}, orphans_removed={self.orphans_removed})"
 
 
-class _Hashing:
-    """Writes through to ``out`` while computing CRC32C and counting bytes."""
+class FillTimeout(TimeoutError):
+    """A fill ran past its deadline while bytes still trickled in (never retried)."""
 
-    def __init__(self, out: BinaryIO) -> None:
-        self.out, self.n, self.crc = out, 0, google_crc32c.Checksum()
+
+class _Hashing:
+    """Writes through to ``out`` while computing CRC32C and counting bytes; past ``deadline``
+    (a ``time.monotonic()`` value) it refuses more, so a trickling link cannot outlast the deadline."""
+
+    def __init__(self, out: BinaryIO, deadline: float = float("inf")) -> None:
+        self.out, self.n, self.crc, self.deadline = out, 0, google_crc32c.Checksum(), deadline
 
     def write(self, data: bytes) -> int:
+        if time.monotonic() > self.deadline:
+            raise FillTimeout(f"the deadline passed with {self.n} bytes received")
         try:
             self.out.write(data)
         except OSError as e:
@@ -197,8 +206,8 @@ def _disk_full(exc: BaseException) -> bool:
 
 
 def _source_blip(exc: BaseException) -> bool:
-    """Worth retrying: a transient error of the source, never one of the cache's own disk."""
-    return not isinstance(exc, CacheFolderError) and is_transient(exc)
+    """Worth retrying: a transient error of the source, never one of the cache's own disk, nor a deadline."""
+    return not isinstance(exc, (CacheFolderError, FillTimeout)) and is_transient(exc)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -755,13 +764,15 @@ class Cache:
         return entry.size
 
     def _download(self, source: Source, entry: Entry, out: BinaryIO) -> str:
-        """Copy the object into ``out`` with retries (resuming) and checks; returns its CRC32C."""
-        writer = _Hashing(out)
+        """Copy the object into ``out`` with retries (resuming) and checks; returns its CRC32C.
+        The whole fill is bounded by ``retry_deadline_s`` (or a second per MB, if that is longer)."""
+        limit = max(self.retry_deadline_s, entry.size / MIN_FILL_BYTES_PER_S)
+        writer = _Hashing(out, time.monotonic() + limit)
         for attempt in range(self.max_refetches + 1):
             if attempt:
                 writer.restart()
                 self._count(refetches=1)
-            self._copy_with_retries(source, entry, writer)
+            self._copy_with_retries(source, entry, writer, limit)
             got = _b64(writer.crc)
             if writer.n != entry.size:
                 why = f"got {writer.n} bytes, expected {entry.size}"
@@ -772,7 +783,7 @@ class Cache:
         raise ChecksumError(f"{where(source, _printable(entry.name))}: {why} after {self.max_refetches + 1} downloads; "
                             "the object or the connection is damaged. Nothing was cached.")
 
-    def _copy_with_retries(self, source: Source, entry: Entry, writer: _Hashing) -> None:
+    def _copy_with_retries(self, source: Source, entry: Entry, writer: _Hashing, limit: float) -> None:
         attempts = Attempts()
 
         def on_error(exc: BaseException) -> None:
@@ -780,14 +791,20 @@ class Cache:
             self._count(retries=1)
 
         def attempt() -> None:
+            left = writer.deadline - time.monotonic()
+            if left <= 0:
+                raise FillTimeout(f"the deadline passed with {writer.n} bytes received")
             if writer.n < entry.size or entry.size == 0:
-                source.fetch(entry, writer, start=writer.n)
+                source.fetch(entry, writer, start=writer.n, timeout=min(STALL_S, left))
 
+        name = where(source, _printable(entry.name))
         try:
-            retry_policy(self.retry_deadline_s, on_error, predicate=_source_blip)(attempt)()
+            retry_policy(limit, on_error, predicate=_source_blip)(attempt)()
         except RetryError as e:
-            gave_up = attempts.gave_up(f"{where(source, _printable(entry.name))}: the source", e.cause)
-            raise SourceError(f"{gave_up}; nothing was cached.") from e.cause
+            raise SourceError(f"{attempts.gave_up(f'{name}: the source', e.cause)}; nothing was cached.") from e.cause
+        except FillTimeout as e:
+            gave_up = attempts.gave_up(f"{name}: the download did not finish", e, "within")
+            raise SourceError(f"{gave_up}; nothing was cached.") from e
 
     def _stream(self, source: Source, entry: Entry) -> bytes:
         warnings.warn(f"{where(source, _printable(entry.name))} ({entry.size / 1e6:.1f} MB) does not fit in the cache "

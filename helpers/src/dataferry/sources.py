@@ -62,8 +62,9 @@ class Source(Protocol):
     def stat(self, name: str) -> Entry:
         """The current entry for ``name``; :class:`NotFoundAtSource` if there is none."""
 
-    def fetch(self, entry: Entry, out: BinaryIO, start: int = 0) -> int:
+    def fetch(self, entry: Entry, out: BinaryIO, start: int = 0, timeout: float | None = None) -> int:
         """Write the bytes of ``entry`` from offset ``start`` to ``out``; return how many were written.
+        ``timeout`` bounds each network wait (connecting, and each gap between bytes: a stall).
         Raises :class:`ChangedAtSource` when that version is gone."""
 
 
@@ -142,8 +143,10 @@ class Attempts:
     def __call__(self, exc: BaseException) -> None:
         self.errors.append(exc)
 
-    def gave_up(self, what: str, cause: BaseException | None) -> SourceError:
-        return SourceError(f"{what} kept failing for {time.monotonic() - self.t0:.0f} s ({len(self.errors)} attempts; "
+    def gave_up(self, what: str, cause: BaseException | None, how: str = "kept failing for") -> SourceError:
+        """The error to raise: the real time spent and every attempt made, the last one included."""
+        n = len(self.errors) + 1
+        return SourceError(f"{what} {how} {time.monotonic() - self.t0:.0f} s ({n} attempt{'s' * (n != 1)}; "
                            f"last error: {cause!r}). Check the connection and try again")
 
 
@@ -192,7 +195,7 @@ class LocalSource:
             raise NotFoundAtSource(f"{name!r} in {self.root} is not a regular file")
         return self._entry(name, st)
 
-    def fetch(self, entry: Entry, out: BinaryIO, start: int = 0) -> int:
+    def fetch(self, entry: Entry, out: BinaryIO, start: int = 0, timeout: float | None = None) -> int:
         try:
             f = open(self._path(entry.name), "rb")
         except FileNotFoundError:
@@ -296,8 +299,9 @@ class GCSSource:
             raise self._missing(repr(name))
         return self._entry(blob)
 
-    def fetch(self, entry: Entry, out: BinaryIO, start: int = 0) -> int:
+    def fetch(self, entry: Entry, out: BinaryIO, start: int = 0, timeout: float | None = None) -> int:
         from google.api_core.exceptions import NotFound
+        from google.cloud.storage.constants import _DEFAULT_TIMEOUT
 
         blob = self._bucket().blob(self.prefix + entry.name, generation=int(entry.version))
         counter = _Counting(out)
@@ -305,7 +309,8 @@ class GCSSource:
             return 0
         try:
             # One attempt: the caller retries (and resumes from the bytes it has) and checks the crc32c.
-            blob.download_to_file(counter, start=start or None, raw_download=True, checksum=None, retry=None)
+            blob.download_to_file(counter, start=start or None, raw_download=True, checksum=None, retry=None,
+                                  timeout=(timeout, timeout) if timeout else _DEFAULT_TIMEOUT)
         except NotFound:
             raise ChangedAtSource(
                 f"{where(self, entry.name)} generation {entry.version} is gone: the object changed or was deleted "

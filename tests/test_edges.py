@@ -496,9 +496,10 @@ def test_stage_waits_for_room_held_by_readers_and_names_the_limit_that_stops_it(
 
 @pytest.mark.parametrize("toxic", [
     {"name": "blackhole", "type": "timeout", "attributes": {"timeout": 0}},     # nothing ever comes back
-    # 2 KB/s in 64-byte slices (toxiproxy's bandwidth toxic sleeps per 32 KB chunk, which outlasts its API)
-    {"name": "trickle", "type": "slicer", "attributes": {"average_size": 64, "size_variation": 0, "delay": 32000}},
-], ids=["blackholed", "2 KB/s"])
+    # 16 KB/s in 512-byte slices: removing a toxic waits for the 32 KB chunk it holds, so a slower
+    # trickle would outlast toxiproxy's own API timeout; 1 MiB still needs a minute at this rate
+    {"name": "trickle", "type": "slicer", "attributes": {"average_size": 512, "size_variation": 0, "delay": 32000}},
+], ids=["blackholed", "16 KB/s"])
 def test_the_retry_deadline_bounds_a_fill_however_the_link_fails(lab, lab_env, lab_bucket, tmp_path, toxic):
     from dataferry.sources import SourceError
 

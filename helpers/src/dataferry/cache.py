@@ -26,7 +26,9 @@ import base64
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
+import inspect
 import io
 import os
 import shutil
@@ -196,6 +198,15 @@ def _release(doomed: list[tuple[str, int]], unlink: bool) -> None:
         if fd >= 0:
             os.close(fd)
     doomed.clear()
+
+
+@functools.lru_cache(maxsize=64)
+def _fetch_takes_timeout(cls: type) -> bool:
+    return "timeout" in inspect.signature(cls.fetch).parameters
+
+
+def _takes_timeout(source: Source) -> bool:
+    return _fetch_takes_timeout(type(source))
 
 
 def _disk_full(exc: BaseException) -> bool:
@@ -795,7 +806,10 @@ class Cache:
             if left <= 0:
                 raise FillTimeout(f"the deadline passed with {writer.n} bytes received")
             if writer.n < entry.size or entry.size == 0:
-                source.fetch(entry, writer, start=writer.n, timeout=min(STALL_S, left))
+                if _takes_timeout(source):
+                    source.fetch(entry, writer, start=writer.n, timeout=min(STALL_S, left))
+                else:  # a Source written before fetch() took a timeout: the writer still keeps the deadline
+                    source.fetch(entry, writer, start=writer.n)
 
         name = where(source, _printable(entry.name))
         try:

@@ -516,3 +516,43 @@ def test_the_retry_deadline_bounds_a_fill_however_the_link_fails(lab, lab_env, l
     finally:
         lab.toxiproxy.remove_toxic("gcs", toxic["name"])
     assert cache.usage() == (0, 0)
+
+
+@pytest.mark.parametrize("openat2", [True, False], ids=["openat2", "no-follow walk"])
+def test_a_folder_swapped_for_a_link_between_check_and_open_cannot_lead_outside(tmp_path, monkeypatch, openat2):
+    import io
+    import shutil
+
+    import dataferry.sources
+
+    monkeypatch.setattr(dataferry.sources, "_HAS_OPENAT2", openat2)
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "x.bin").write_bytes(b"inside")
+    outside.mkdir()
+    (outside / "x.bin").write_bytes(b"SECRET")
+    source = LocalSource(root)
+    entry = source.stat("sub/x.bin")
+    real = os.path.realpath
+
+    def check_then_swap(path, *args, **kwargs):  # the other process wins the race right after a check
+        answer = real(path, *args, **kwargs)
+        if not (root / "sub").is_symlink():
+            shutil.rmtree(root / "sub")
+            (root / "sub").symlink_to(outside)
+        return answer
+
+    monkeypatch.setattr(os.path, "realpath", check_then_swap)
+    out = io.BytesIO()
+    with contextlib.suppress(ValueError, OSError):
+        source.fetch(entry, out)
+    assert b"SECRET" not in out.getvalue()
+    monkeypatch.setattr(os.path, "realpath", real)
+    if not (root / "sub").is_symlink():  # this implementation never checked: swap now, before the open
+        shutil.rmtree(root / "sub")
+        (root / "sub").symlink_to(outside)
+    with pytest.raises(ValueError, match="leads outside"):
+        source.fetch(entry, io.BytesIO())
+    with pytest.raises(ValueError, match="leads outside"):
+        source.stat("sub/x.bin")

@@ -11,6 +11,7 @@ import errno
 import importlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -167,22 +168,31 @@ def test_a_healthy_existing_mount_is_not_remounted(colab):
     assert colab.mount_calls == []
 
 
-def test_a_broken_existing_mount_is_remounted(colab, monkeypatch):
-    # A real "Transport endpoint is not connected" needs a crashed FUSE daemon; os.listdir raises
-    # it here for /proc only (every other path is listed for real), for this test only.
-    if not mounts.is_mounted("/proc"):
-        pytest.skip("/proc is not a mount point here")
-    real_listdir = os.listdir
+def test_a_broken_existing_mount_is_remounted(colab, gcsfuse_lab, lab_bucket, tmp_path):
+    """A real "Transport endpoint is not connected": a FUSE daemon (the lab's gcsfuse) SIGKILLed
+    under its mount, as Drive's is when the runtime runs out of memory. The stand-in's remount
+    clears the dead mount and mounts again, as drive.mount(force_remount=True) does."""
+    point = tmp_path / "drive"
+    lab_bucket.blob("MyDrive/notes.txt").upload_from_string(b"hello")
+    dead = gcsfuse_lab.mount(lab_bucket.name, mountpoint=point)
+    os.kill(dead.pid, signal.SIGKILL)
+    dead.process.wait()
+    with pytest.raises(OSError) as broken:
+        os.listdir(point)
+    assert broken.value.errno == errno.ENOTCONN
 
-    def listdir(path="."):
-        if os.fspath(path) == "/proc":
-            raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN), path)
-        return real_listdir(path)
+    def remount(mountpoint, force_remount=False, timeout_ms=120000, readonly=False):
+        colab.mount_calls.append(((mountpoint,), {"force_remount": force_remount}))
+        subprocess.run(["umount", "-l", mountpoint], check=True)
+        colab.fresh = gcsfuse_lab.mount(lab_bucket.name, mountpoint=mountpoint)
 
-    monkeypatch.setattr(mounts.os, "listdir", listdir)
-    colab.make_drive = 0
-    assert mount_drive(mountpoint="/proc", warm_up=None) == Path("/proc")
-    assert [kw["force_remount"] for _, kw in colab.mount_calls] == [True]
+    colab.drive.mount = remount
+    try:
+        assert mount_drive(mountpoint=str(point)) == point / "MyDrive"
+        assert [kw["force_remount"] for _, kw in colab.mount_calls] == [True]
+        assert (point / "MyDrive" / "notes.txt").read_bytes() == b"hello"
+    finally:
+        colab.fresh.unmount()
 
 
 def failing_scandir(monkeypatch, target: Path, failures: int, err: int) -> list[str]:

@@ -12,7 +12,7 @@ Results go where they outlive the runtime when they can: ``$DATAFERRY_HOME`` if 
 disconnect: :meth:`Course.finish` zips it and offers the zip for download); elsewhere
 ``~/dataferry``. Paths never depend on the notebook's working directory.
 
-This module imports ``runtime`` and ``mounts`` only; the lab is the lessons' business.
+X
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dataferry.mounts import in_colab
+from dataferry.host import in_colab
 from dataferry.runtime import Region, detect_region
 
 __all__ = ["WHERE_CHOICES", "INSTALL_ENV", "HOME_ENV", "IP_LOOKUP_URL", "PublicDataset", "PUBLIC_DATASETS",

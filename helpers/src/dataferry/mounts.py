@@ -8,26 +8,26 @@ The Colab helpers (:func:`in_colab`, :func:`authenticate`, :func:`mount_drive`,
 :func:`install_gcsfuse`) import ``google.colab`` only when called, and raise :class:`NotInColab`
 elsewhere so that lessons can fall back to the lab.
 
-This module imports no other dataferry module.
+This module imports only :mod:`dataferry.host`.
 """
 
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from dataferry.host import in_colab
 
 __all__ = [
     "MountError",
@@ -337,7 +337,6 @@ GCSFUSE_APT_REPO = "https://packages.cloud.google.com/apt"
 GCSFUSE_KEYRING = "/usr/share/keyrings/cloud.google.gpg"
 GCSFUSE_SOURCES_LIST = "/etc/apt/sources.list.d/gcsfuse.list"
 GCSFUSE_INSTALL_GUIDE = "https://cloud.google.com/storage/docs/cloud-storage-fuse/install"
-_COLAB_ENV_VARS = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_BACKEND_VERSION")
 # Seconds between Drive warm-up listings: attempt n waits n * _BACKOFF_S before the next one.
 _BACKOFF_S = 1.0
 _CODENAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
@@ -345,18 +344,6 @@ _CODENAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 
 class NotInColab(RuntimeError):
     """Raised by Colab-only helpers outside Colab; lessons catch it and fall back to the lab."""
-
-
-def in_colab() -> bool:
-    """True in a Colab runtime (google.colab imported, or importable with Colab's env vars set)."""
-    if "google.colab" in sys.modules:
-        return True
-    if not any(os.environ.get(name) for name in _COLAB_ENV_VARS):
-        return False
-    try:
-        return importlib.util.find_spec("google.colab") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def authenticate() -> None:

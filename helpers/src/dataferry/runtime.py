@@ -6,7 +6,7 @@ a laptop. :func:`detect_region` finds the cloud region without ever raising or h
 (override, lab profile, GCE metadata server, an opt-in IP lookup, else ``"unknown"``), and
 :func:`capture` records the rest in a :class:`Runtime` that serialises to JSON.
 
-This module imports no other dataferry module. Optional packages (torch, google-cloud-storage,
+This module imports only :mod:`dataferry.host`. Optional packages (torch, google-cloud-storage,
 google-crc32c) are imported lazily inside functions and may be missing.
 """
 
@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import glob
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from dataferry.host import in_colab
 
 __all__ = ["METADATA_URL", "Region", "detect_region", "in_colab", "memory_tier", "Runtime", "capture"]
 
@@ -130,18 +130,6 @@ def detect_region(
     if found is None and ip_lookup_url:
         found = _bounded(lambda: _probe_ip_lookup(ip_lookup_url, timeout_s), deadline)
     return found if found is not None else Region("unknown", None, "unknown")
-
-
-def in_colab() -> bool:
-    """True inside a Google Colab runtime (google.colab loaded, or importable with Colab's env vars)."""
-    if "google.colab" in sys.modules:
-        return True
-    if not (os.environ.get("COLAB_RELEASE_TAG") or os.environ.get("COLAB_GPU")):
-        return False
-    try:
-        return importlib.util.find_spec("google.colab") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 @dataclass(repr=False)

@@ -35,6 +35,7 @@ import requests
 from filelock import FileLock
 
 from dataferry import mounts
+from dataferry.host import pid_alive
 from dataferry.lab.datasets import LogNormal, SyntheticDataset, plan_dataset
 from dataferry.lab.errors import BucketNotFound, LabError, LabNotRunning, ToolError
 from dataferry.lab.profiles import Profile, get_profile
@@ -72,20 +73,9 @@ def _reap(pid: int) -> None:
 
 
 def _alive(pid: int, exe: str | None = None) -> bool:
-    """True when ``pid`` runs (not a zombie) and, if given, runs ``exe``."""
+    """True when ``pid`` runs (not a zombie) and, if given, runs ``exe``; reaps it if it is our child."""
     _reap(pid)
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat[stat.rindex(")") + 2] in "ZX":
-        return False
-    if exe is not None:
-        try:
-            return os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(exe)
-        except OSError:
-            return False
-    return True
+    return pid_alive(pid, exe)
 
 
 def _stop(pid: int, exe: str | None, timeout: float = 5.0) -> bool:

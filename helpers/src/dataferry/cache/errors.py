@@ -1,0 +1,25 @@
+"""What goes wrong with a cache, as exceptions callers already catch (``OSError``, ``TimeoutError``,
+``SourceError``) and the warning a streamed read gives."""
+
+from __future__ import annotations
+
+from dataferry.sources import SourceError
+
+__all__ = ["ChecksumError", "CacheFolderError", "CacheFullWarning", "FillTimeout"]
+
+
+class ChecksumError(SourceError):
+    """An object's bytes did not match its checksum, every time it was downloaded."""
+
+
+class CacheFolderError(OSError):
+    """The cache folder cannot be used (missing, read-only, not a cache, its disk failing): the
+    message names the folder and what to do. Never retried as if the network had failed."""
+
+
+class CacheFullWarning(UserWarning):
+    """An object could not fit in the cache's budget and was read straight from the source."""
+
+
+class FillTimeout(TimeoutError):
+    """A fill ran past its deadline while bytes still trickled in (never retried)."""

@@ -1,0 +1,216 @@
+"""The index: one SQLite database (WAL) per cache folder, and the thread that writes it.
+
+Rows are entries (key, source, name, version, size, crc32c, state, pid, last_used); running
+totals are kept by triggers, so no fill has to sum the whole index. Writes go through one
+:class:`IndexWriter` thread per process, in batches ("group commit"), and a file named by a row
+that is deleted is unlinked only after the deletion commits (:func:`release`): a crash or a
+failed statement can roll rows back, never bring back a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sqlite3
+import threading
+import weakref
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dataferry.cache.fill import disk_full
+
+if TYPE_CHECKING:
+    from dataferry.cache.core import Cache
+
+__all__ = ["SCHEMA_VERSION", "connect", "create", "release", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
+
+SCHEMA_VERSION = 1
+FLUSH_EVERY = 256
+FLUSH_S = 2.0
+IDLE_CHECK_S = 5.0
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
+CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY, source TEXT NOT NULL, name TEXT NOT NULL, version TEXT NOT NULL,
+    size INTEGER NOT NULL, crc32c TEXT, state TEXT NOT NULL, pid INTEGER,
+    created REAL NOT NULL, last_used REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS entries_lru ON entries (state, last_used);
+-- Running totals, kept by triggers so that no fill has to sum the whole index.
+CREATE TABLE IF NOT EXISTS usage (
+    id INTEGER PRIMARY KEY CHECK (id = 1), entries INTEGER NOT NULL,
+    bytes INTEGER NOT NULL, filling_bytes INTEGER NOT NULL);
+INSERT OR IGNORE INTO usage VALUES (1, 0, 0, 0);
+CREATE TRIGGER IF NOT EXISTS entries_insert AFTER INSERT ON entries BEGIN
+    UPDATE usage SET entries = entries + 1, bytes = bytes + NEW.size,
+        filling_bytes = filling_bytes + (NEW.state = 'filling') * NEW.size;
+END;
+CREATE TRIGGER IF NOT EXISTS entries_delete AFTER DELETE ON entries BEGIN
+    UPDATE usage SET entries = entries - 1, bytes = bytes - OLD.size,
+        filling_bytes = filling_bytes - (OLD.state = 'filling') * OLD.size;
+END;
+CREATE TRIGGER IF NOT EXISTS entries_update AFTER UPDATE OF size, state ON entries BEGIN
+    UPDATE usage SET bytes = bytes - OLD.size + NEW.size,
+        filling_bytes = filling_bytes - (OLD.state = 'filling') * OLD.size
+                                      + (NEW.state = 'filling') * NEW.size;
+END;
+"""
+
+
+def connect(root: Path) -> sqlite3.Connection:
+    """A connection to the folder's index, in WAL mode."""
+    db = sqlite3.connect(root / "index.sqlite", timeout=60, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA recursive_triggers=ON")  # so REPLACE's delete keeps the totals right
+    return db
+
+
+def create(db: sqlite3.Connection) -> None:
+    """Make the tables, totals and triggers (once)."""
+    db.executescript(SCHEMA)
+    db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+
+
+def release(doomed: list[tuple[str, int]], unlink: bool) -> None:
+    """Unlink evicted files (after their rows' deletion committed) and drop the locks that kept
+    readers out meanwhile; ``unlink=False`` (the transaction failed) keeps every file."""
+    for path, fd in doomed:
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if fd >= 0:
+            os.close(fd)
+    doomed.clear()
+
+
+class IndexWriter:
+    """One thread per process applies index writes in batches ("group commit").
+
+    Under a pool of staging threads, a write per fill serialises every fill behind the GIL: each
+    sqlite call releases it, and taking it back can wait a whole switch interval. Here a batch
+    of any size costs a handful of sqlite calls. Reservations wait for their answer; finished
+    fills and LRU times are fire-and-forget (a crash before they are written leaves rows that
+    ``Cache._recover`` completes at the next open).
+    """
+
+    def __init__(self, cache: Cache) -> None:
+        self._cache_ref = weakref.ref(cache)  # the thread must not keep its cache alive
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._later: list = []  # finished fills and cancellations a full disk refused: tried with the next batch
+        self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
+        self._thread.start()
+
+    def reserve(self, row: tuple) -> bool:
+        fut: Future = Future()
+        self._queue.put(("reserve", row, fut))
+        return self._wait(fut)
+
+    def ready(self, crc: str, when: float, key: str) -> None:
+        self._queue.put(("ready", (crc, when, key), None))
+
+    def touch(self, touched: dict[str, float]) -> None:
+        self._queue.put(("touch", touched, None))
+
+    def forget(self, key: str) -> None:
+        self._queue.put(("forget", key, None))
+
+    def flush(self) -> None:
+        fut: Future = Future()
+        self._queue.put(("flush", None, fut))
+        self._wait(fut)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _wait(self, fut: Future) -> Any:
+        """The answer to a request; an error, not a wait forever, if the writer thread has died."""
+        while True:
+            try:
+                return fut.result(timeout=1.0)
+            except FutureTimeout:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the cache's index writer thread stopped before answering; "
+                                       "try again (a new one starts)") from None
+
+    def _run(self) -> None:
+        cache = self._cache_ref()
+        db = cache._connect() if cache is not None else None
+        del cache
+        while db is not None:
+            try:
+                batch = [self._queue.get(timeout=IDLE_CHECK_S)]
+            except queue.Empty:
+                if self._cache_ref() is None:  # the cache is gone: so is this thread
+                    db.close()
+                    return
+                continue
+            while len(batch) < 4096:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            batch, self._later = self._later + batch, []
+            if any(kind == "stop" for kind, _, _ in batch):
+                batch = [item for item in batch if item[0] != "stop"]
+                db = None
+            cache = self._cache_ref()
+            try:
+                self._commit(cache, db or cache._connect(), batch)
+            finally:
+                del cache
+
+    def _commit(self, cache: Cache | None, db: sqlite3.Connection, batch: list) -> None:
+        """Apply a batch in one transaction; if it fails, item by item, so that one bad request
+        fails alone and every other finished fill is still marked ready."""
+        try:
+            if cache is None:
+                raise RuntimeError("the cache was closed")
+            self._answer(self._transaction(cache, db, batch))
+            return
+        except BaseException as e:  # noqa: BLE001 - retried one by one below
+            if len(batch) == 1 or cache is None:
+                if batch[0][0] in ("ready", "forget") and disk_full(e):
+                    self._later += batch  # the disk may have room again by the next batch
+                for _, _, fut in batch:
+                    if fut is not None and not fut.done():
+                        fut.set_exception(e)
+                return
+        for item in batch:
+            self._commit(cache, db, [item])
+
+    def _transaction(self, cache: Cache, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
+        doomed: list[tuple[str, int]] = []
+        try:
+            with cache._write(db):
+                answers = self._apply(cache, db, batch, doomed)
+        except BaseException:
+            release(doomed, unlink=False)
+            raise
+        release(doomed, unlink=True)  # files go only once the rows naming them are gone for good
+        return answers
+
+    @staticmethod
+    def _answer(answers: list[tuple[Future, Any]]) -> None:
+        for fut, answer in answers:
+            if not fut.done():
+                fut.set_result(answer)
+
+    @staticmethod
+    def _apply(cache: Cache, db: sqlite3.Connection, batch: list, doomed: list) -> list[tuple[Future, Any]]:
+        ready = [args for kind, args, _ in batch if kind == "ready"]
+        touched: dict[str, float] = {}
+        for kind, args, _ in batch:
+            if kind == "touch":
+                touched.update(args)
+        # Finished fills and recent uses first, so the LRU order the reservations see is current.
+        db.executemany("UPDATE entries SET state = 'ready', crc32c = ?, last_used = ? WHERE key = ?", ready)
+        db.executemany("UPDATE entries SET last_used = ? WHERE key = ?", [(t, k) for k, t in touched.items()])
+        db.executemany("DELETE FROM entries WHERE key = ? AND state = 'filling'",
+                       [(key,) for kind, key, _ in batch if kind == "forget"])
+        answers: list[tuple[Future, Any]] = [(fut, None) for kind, _, fut in batch if kind == "flush"]
+        wants = [(args, fut) for kind, args, fut in batch if kind == "reserve"]
+        return answers + (cache._decide(db, wants, doomed) if wants else [])

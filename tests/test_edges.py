@@ -556,3 +556,58 @@ def test_a_folder_swapped_for_a_link_between_check_and_open_cannot_lead_outside(
         source.fetch(entry, io.BytesIO())
     with pytest.raises(ValueError, match="leads outside"):
         source.stat("sub/x.bin")
+
+
+class ManyObjects:
+    """A source of n objects listed from memory, bytes made on demand: a bucket the size of a big
+    training set, without the bucket (listing is what this measures)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.uri = n, f"mem://{n}/"
+
+    def list(self):
+        for i in range(self.n):
+            yield Entry(f"train/{i // 1000:05d}/sample-{i:08d}.jpg", 50_000 + i % 97, str(1_700_000_000_000_000 + i),
+                        "AAAAAA==")
+
+    def stat(self, name: str) -> Entry:
+        i = int(name.rsplit("-", 1)[1].split(".")[0])
+        return next(e for j, e in enumerate(self.list()) if j == i)
+
+    def fetch(self, entry: Entry, out, start: int = 0, timeout=None) -> int:
+        return out.write(b"x" * (entry.size - start))
+
+
+def test_a_big_listing_is_held_in_about_a_hundred_bytes_per_object():
+    import pickle
+    import tracemalloc
+
+    from dataferry import CachedDataset
+
+    n = 200_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        ds = CachedDataset(ManyObjects(n), cache=None)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(ds) == n and ds.entries[123_456].name == "train/00123/sample-00123456.jpg"
+    assert held / n < 100, f"{held / n:.0f} bytes per object (a list of Entry costs ~290)"
+    assert len(pickle.dumps(ds)) / n < 100, "and so does what a spawned worker receives"
+
+
+def test_the_prefetcher_keeps_only_what_is_in_flight(tmp_path):
+    from dataferry import Prefetcher
+
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(2_000):
+        (root / f"{i:05d}.bin").write_bytes(b"p")
+    source = LocalSource(root)
+    entries = sorted(source.list(), key=lambda e: e.name)
+    with Prefetcher(source, Cache(tmp_path / "c", min_free_bytes=0), entries, ahead=16, workers=4) as pf:
+        for position in range(len(entries)):
+            pf.advance(position)
+        pf.wait()
+        assert len(pf._futures) <= 16 + 4, f"{len(pf._futures)} futures kept for an epoch of {len(entries)}"

@@ -2,19 +2,22 @@
 
 The dataset lists the source once (sorted by name) and reads those versions: a sample already
 cached is read as listed, one replaced at the source before it was cached is read in its new
-version (never a mix). Call :meth:`refresh` to pick up every change. It pickles without live clients or connections, so
-it works in DataLoader workers under fork and spawn; each worker opens its own.
+version (never a mix). Call :meth:`refresh` to pick up every change. It pickles without live
+clients or connections, so it works in DataLoader workers under fork and spawn; each worker opens
+its own. The listing is held as an :class:`~dataferry.sources.EntryTable`: about 40 bytes per
+object plus its name, version and checksum, in a few flat buffers that forked workers share.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset, Sampler
 
 from dataferry.cache import Cache
-from dataferry.sources import ChangedAtSource, Entry, Source
+from dataferry.sources import ChangedAtSource, Entry, EntryTable, Source
 from dataferry.stage import Prefetcher
 
 __all__ = ["CachedDataset", "PrefetchingSampler"]
@@ -34,27 +37,31 @@ class CachedDataset(Dataset):
                  names: Sequence[str] | None = None) -> None:
         self.source, self.cache, self.decode = source, cache, decode
         self._names = list(names) if names is not None else None
-        self.entries: list[Entry] = self._list()
-
-    def _list(self) -> list[Entry]:
-        if self._names is None:
-            return sorted(self.source.list(), key=lambda e: e.name)
-        return [self.source.stat(n) for n in self._names]
+        self.refresh()
 
     def refresh(self) -> None:
         """List the source again, to read objects that changed since."""
-        self.entries = self._list()
+        if self._names is None:
+            self.entries = EntryTable(self.source.list(), sort_by_name=True)
+        else:
+            self.entries = EntryTable(self.source.stat(n) for n in self._names)
+        self._replaced: dict[int, Entry] = {}  # samples found replaced at the source since the listing
 
     def __len__(self) -> int:
         return len(self.entries)
 
+    def entry(self, index: int) -> Entry:
+        """Sample ``index``'s object, in the version this dataset reads."""
+        index = range(len(self.entries))[index]
+        return self._replaced.get(index) or self.entries[index]
+
     def __getitem__(self, index: int) -> Any:
-        entry = self.entries[index]
+        entry = self.entry(index)
         try:
             data = self.cache.read(self.source, entry)
         except ChangedAtSource:
             # Replaced since listing and not cached: read the current version rather than fail.
-            self.entries[index] = entry = self.source.stat(entry.name)
+            self._replaced[range(len(self.entries))[index]] = entry = self.source.stat(entry.name)
             data = self.cache.read(self.source, entry)
         return self.decode(data) if self.decode is not None else data
 
@@ -65,7 +72,7 @@ class CachedDataset(Dataset):
 
     @property
     def total_bytes(self) -> int:
-        return sum(e.size for e in self.entries)
+        return self.entries.total_bytes + sum(e.size - self.entries[i].size for i, e in self._replaced.items())
 
     def __repr__(self) -> str:
         return (f"<CachedDataset {len(self)} samples, {self.total_bytes / 1e6:.1f} MB from {self.source!r} "
@@ -84,10 +91,23 @@ class PrefetchingSampler(Sampler[int]):
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[int]:
-        order = list(self.sampler)
-        entries = [self.dataset.entries[i] for i in order]
+        order = array("q", self.sampler)  # 8 bytes a sample, not a list of ints
+        entries = _InOrder(self.dataset, order)
         with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead, self.workers) as pf:
             self.prefetcher = pf
             for position, index in enumerate(order):
                 pf.advance(position)
                 yield index
+
+
+class _InOrder(Sequence):
+    """The dataset's entries in a sampler's order, each made only when the prefetcher reaches it."""
+
+    def __init__(self, dataset: CachedDataset, order: array) -> None:
+        self.dataset, self.order = dataset, order
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, position):  # type: ignore[override]
+        return self.dataset.entry(self.order[position])

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import ctypes
 import errno
+from array import array
+from itertools import accumulate
 import os
 import stat as statmod
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
-__all__ = ["Entry", "Source", "LocalSource", "GCSSource", "from_uri", "SourceError", "NotFoundAtSource",
+__all__ = ["Entry", "EntryTable", "Source", "LocalSource", "GCSSource", "from_uri", "SourceError", "NotFoundAtSource",
            "ChangedAtSource", "is_transient", "retry_policy", "Attempts", "safe_name", "where", "DEFAULT_RETRY_DEADLINE_S"]
 
 CHUNK = 1 << 20
@@ -49,6 +51,54 @@ class Entry:
     size: int
     version: str
     crc32c: str | None = None
+
+
+class EntryTable(Sequence):
+    """Entries held compactly: names, versions and checksums in three byte strings, sizes and
+    offsets in ``array``\\s; an :class:`Entry` is made only when one is asked for.
+
+    About 40 bytes per entry plus the bytes of its name, version and checksum (a list of
+    :class:`Entry` costs ~290), and no per-entry Python objects, so DataLoader workers forked from
+    the process share its pages instead of copying them as reference counts change."""
+
+    def __init__(self, entries: Iterable[Entry] = (), *, sort_by_name: bool = False) -> None:
+        columns: tuple[list, list, list] = ([], [], [])
+        sizes = array("q")
+        for e in entries:
+            columns[0].append(e.name)
+            columns[1].append(e.version)
+            columns[2].append(e.crc32c or "")
+            sizes.append(e.size)
+        if sort_by_name and any(a > b for a, b in zip(columns[0], columns[0][1:])):  # a bucket lists sorted
+            order = sorted(range(len(sizes)), key=columns[0].__getitem__)
+            columns = tuple([column[i] for i in order] for column in columns)  # type: ignore[assignment]
+            sizes = array("q", (sizes[i] for i in order))
+        self._sizes = sizes
+        self._blobs, self._ends = {}, {}
+        for field, column in zip(("name", "version", "crc32c"), columns):
+            encoded = [text.encode("utf-8", "surrogateescape") for text in column]
+            self._blobs[field] = b"".join(encoded)
+            self._ends[field] = array("q", accumulate(map(len, encoded)))
+
+    def _text(self, field: str, i: int) -> str:
+        ends = self._ends[field]
+        return self._blobs[field][ends[i - 1] if i else 0:ends[i]].decode("utf-8", "surrogateescape")
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = range(len(self))[index]
+        return Entry(self._text("name", i), self._sizes[i], self._text("version", i), self._text("crc32c", i) or None)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self._sizes)
+
+    def __repr__(self) -> str:
+        return f"<EntryTable {len(self)} entries, {self.total_bytes / 1e6:.1f} MB>"
 
 
 @runtime_checkable

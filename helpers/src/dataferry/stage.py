@@ -11,6 +11,7 @@ import threading
 import time
 import warnings
 import zlib
+from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -147,7 +148,7 @@ class Prefetcher:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dataferry-prefetch")
         self._next = 0
         self._lock = threading.Lock()
-        self._futures: list[Future] = []
+        self._futures: deque[Future] = deque()  # the fills in flight, not the epoch's
         self.errors: list[tuple[str, str]] = []
 
     def _fill(self, entry: Entry) -> None:
@@ -163,12 +164,17 @@ class Prefetcher:
             while self._next < stop:
                 self._futures.append(self._pool.submit(self._fill, self.order[self._next]))
                 self._next += 1
+            while self._futures and self._futures[0].done():
+                self._futures.popleft()
 
     def wait(self) -> None:
         """Block until every queued fill has finished."""
         with self._lock:
             futures = list(self._futures)
         wait(futures)
+        with self._lock:
+            while self._futures and self._futures[0].done():
+                self._futures.popleft()
 
     def close(self) -> None:
         """Stop: drop queued fills that have not started, wait for those in flight."""

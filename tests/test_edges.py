@@ -593,7 +593,7 @@ def test_a_big_listing_is_held_in_about_a_hundred_bytes_per_object():
     finally:
         tracemalloc.stop()
     assert len(ds) == n and ds.entries[123_456].name == "train/00123/sample-00123456.jpg"
-    assert held / n < 100, f"{held / n:.0f} bytes per object (a list of Entry costs ~290)"
+    assert held / n < 100, f"{held / n:.0f} bytes per object (a list of Entry costs ~270)"
     assert len(pickle.dumps(ds)) / n < 100, "and so does what a spawned worker receives"
 
 

@@ -4,7 +4,7 @@ The dataset lists the source once (sorted by name) and reads those versions: a s
 cached is read as listed, one replaced at the source before it was cached is read in its new
 version (never a mix). Call :meth:`refresh` to pick up every change. It pickles without live
 clients or connections, so it works in DataLoader workers under fork and spawn; each worker opens
-its own. The listing is held as an :class:`~dataferry.sources.EntryTable`: about 40 bytes per
+its own. The listing is held as an :class:`~dataferry.sources.EntryTable`: 32 bytes per
 object plus its name, version and checksum, in a few flat buffers that forked workers share.
 """
 

@@ -57,8 +57,8 @@ class EntryTable(Sequence):
     """Entries held compactly: names, versions and checksums in three byte strings, sizes and
     offsets in ``array``\\s; an :class:`Entry` is made only when one is asked for.
 
-    About 40 bytes per entry plus the bytes of its name, version and checksum (a list of
-    :class:`Entry` costs ~290), and no per-entry Python objects, so DataLoader workers forked from
+    32 bytes per entry plus the bytes of its name, version and checksum (a list of
+    :class:`Entry` costs ~270), and no per-entry Python objects, so DataLoader workers forked from
     the process share its pages instead of copying them as reference counts change."""
 
     def __init__(self, entries: Iterable[Entry] = (), *, sort_by_name: bool = False) -> None:

@@ -21,12 +21,13 @@ Stage first when the data fits on local disk and you want epoch 1 to run at full
 on first read when you want to start training at once, or the data only partly fits (the LRU
 budget keeps the most recently used part).
 
-Modules, lowest floor first: ``sources`` (where bytes live), ``mounts`` (gcsfuse, Drive and the
-Colab helpers), ``runtime`` (what we run on, which region), ``cache`` (the local cache), ``stage``
-(parallel staging, prefetch), ``dataset`` (PyTorch), ``timing`` (cache-state control, timed reads,
-result files), ``stats`` (medians, bootstrap intervals), ``plots`` (the standard figures),
-``bench`` (ready-made experiments), ``course`` (the lessons' choices: which data, where results go,
-what the setup cell installs), ``lab`` (the offline cloud for tests and lessons), ``cli`` (the
+Modules, lowest floor first: ``host`` (is a process alive, is this Colab), ``sources`` (where
+bytes live), ``mounts`` (gcsfuse, Drive and the Colab helpers), ``runtime`` (what we run on,
+which region), ``cache`` (the local cache: a package, ``Cache`` its face), ``stage`` (parallel
+staging, prefetch), ``dataset`` (PyTorch), ``timing`` (cache-state control, timed reads, result
+files), ``stats`` (medians, bootstrap intervals), ``plots`` (the standard figures), ``bench``
+(ready-made experiments), ``course`` (the lessons' choices: which data, where results go, what
+the setup cell installs), ``lab`` (the offline cloud for tests and lessons), ``cli`` (the
 ``dataferry`` command).
 Names are imported lazily, so ``import dataferry`` needs neither torch nor a network.
 """

@@ -655,7 +655,8 @@ def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
     runtime = capture(str(work), region=where)
     total = sum(sizes.values())
     meta = {"experiment": "methods", "where": uri, "runtime": runtime.to_dict(), "seed": seed, "passes": passes,
-            "repeats": repeats, "methods": methods, "bucket_location": _bucket_location(target),
+            "repeats": repeats, "methods": methods,
+            "bucket_location": (meta or {}).get("bucket_location") or _bucket_location(target),
             "dataset": {"files": len(chosen), "total_bytes": total,
                         "over_ram": total / runtime.ram_bytes if runtime.ram_bytes else None}, **(meta or {})}
     results = Results(out, meta)

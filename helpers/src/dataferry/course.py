@@ -12,7 +12,7 @@ Results go where they outlive the runtime when they can: ``$DATAFERRY_HOME`` if 
 disconnect: :meth:`Course.finish` zips it and offers the zip for download); elsewhere
 ``~/dataferry``. Paths never depend on the notebook's working directory.
 
-X
+This module imports ``host`` and ``runtime`` only; the lab is the lessons' business.
 """
 
 from __future__ import annotations

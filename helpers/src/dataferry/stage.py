@@ -164,8 +164,7 @@ class Prefetcher:
             while self._next < stop:
                 self._futures.append(self._pool.submit(self._fill, self.order[self._next]))
                 self._next += 1
-            while self._futures and self._futures[0].done():
-                self._futures.popleft()
+            self._prune()
 
     def wait(self) -> None:
         """Block until every queued fill has finished."""
@@ -173,8 +172,12 @@ class Prefetcher:
             futures = list(self._futures)
         wait(futures)
         with self._lock:
-            while self._futures and self._futures[0].done():
-                self._futures.popleft()
+            self._prune()
+
+    def _prune(self) -> None:
+        """Forget finished fills (under the lock): only those in flight are kept."""
+        while self._futures and self._futures[0].done():
+            self._futures.popleft()
 
     def close(self) -> None:
         """Stop: drop queued fills that have not started, wait for those in flight."""

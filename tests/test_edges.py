@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -343,6 +344,70 @@ def test_verify_while_another_process_fills_deletes_nothing_good(tmp_path):
     assert cache.usage() == (400, 400 * 2_000) and reports[-1].checked == 400
 
 
+_DROPPED_WITH_WRITES_PENDING = """
+import sqlite3, sys, threading, time
+from dataferry import Cache, LocalSource
+
+root, folder = sys.argv[1:3]
+gates = {"a.bin": threading.Event(), "b.bin": threading.Event()}
+
+class Gated(LocalSource):
+    def fetch(self, entry, out, start=0, timeout=None):
+        gates[entry.name].wait()
+        return super().fetch(entry, out, start)
+
+cache, source = Cache(root, min_free_bytes=0), Gated(folder)
+fills = [threading.Thread(target=cache.fill, args=(source, source.stat(n))) for n in gates]
+for t in fills:
+    t.start()
+index = sqlite3.connect(root + "/index.sqlite", isolation_level=None)
+while index.execute("SELECT count(*) FROM entries WHERE state = 'filling'").fetchone()[0] < 2:
+    time.sleep(0.01)
+index.execute("BEGIN IMMEDIATE")  # the index writer waits behind this (another process, say)
+gates["a.bin"].set()
+fills[0].join()
+time.sleep(0.5)  # a's "ready" is taken by the index writer, which now waits for the lock
+gates["b.bin"].set()
+fills[1].join()
+del cache, fills  # the caller is done with the cache: b's "ready" is still queued
+index.execute("COMMIT")
+time.sleep(0.5)
+"""
+
+
+def test_a_cache_dropped_with_writes_pending_applies_them_before_exit(tmp_path):
+    """stage(source, Cache(...)) drops its cache when it returns: every fill it finished must still
+    be marked ready, whether the cache is collected first or the process exits first."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for name in ("a.bin", "b.bin"):
+        (folder / name).write_bytes(os.urandom(5_000))
+    subprocess.run([sys.executable, "-c", _DROPPED_WITH_WRITES_PENDING, str(tmp_path / "c"), str(folder)],
+                   check=True, timeout=120)
+    states = dict(sqlite3.connect(tmp_path / "c" / "index.sqlite").execute("SELECT name, state FROM entries"))
+    assert states == {"a.bin": "ready", "b.bin": "ready"}
+
+
+def test_verify_finishes_the_fills_of_processes_that_died(tmp_path):
+    """A filler SIGKILLed after its rename, before its row was marked ready: verify checks that
+    file as the entry it is (and drops a torn one), rather than skipping both."""
+    source, cache = _filled(tmp_path, n=3)
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    whole, torn = (source.stat(name) for name in ("f000.bin", "f001.bin"))
+    for entry, data in ((whole, bytes([0]) * 10_000), (torn, b"x" * 10)):
+        key = cache.key(source, entry)
+        cache._discard(key)
+        with cache._write() as db:
+            db.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, 0, 0)",
+                       (key, source.uri, entry.name, entry.version, entry.size, dead))
+        Path(cache._object_path(key)).write_bytes(data)
+    report = cache.verify()
+    assert report.ok and report.checked == 2, report
+    assert {e["name"]: e["state"] for e in cache.entries()} == {"f000.bin": "ready", "f002.bin": "ready"}
+    assert cache.usage() == (2, 20_000)
+
+
 def test_clear_removes_only_what_it_cleared(tmp_path):
     source, cache = _filled(tmp_path, n=5)
     entry = source.stat("f000.bin")
@@ -387,19 +452,19 @@ def warnings_as_errors():
 def test_a_failed_index_batch_loses_no_unrelated_update_and_a_dead_writer_is_an_error(tmp_path):
     source, cache = _filled(tmp_path, n=3)
     writer = cache._index
-    writer._queue.put(("touch", None, None))  # one bad item (a None where uses belong) in the next batch
+    writer._put("touch", None)  # one bad item (a None where uses belong) in the next batch
     (tmp_path / "src" / "new.bin").write_bytes(b"n" * 100)
     cache.read(source, "new.bin")
     cache._flush()
     states = dict(cache._db().execute("SELECT name, state FROM entries").fetchall())
     assert states["new.bin"] == "ready", "an unrelated fill was marked ready despite the bad item"
-    writer._queue.put(("stop", None, None))  # the writer thread ends (as if it had crashed)
+    writer._put("stop", None)  # the writer thread ends (as if it had crashed)
     writer._thread.join(5)
     assert not writer._thread.is_alive()
     from concurrent.futures import Future
 
     queued = Future()
-    writer._queue.put(("flush", None, queued))  # a request the dead writer will never answer
+    writer._put("flush", None, queued)  # a request the dead writer will never answer
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="index writer .* stopped"):
         writer._wait(queued)

@@ -92,8 +92,9 @@ class IndexWriter:
     Under a pool of staging threads, a write per fill serialises every fill behind the GIL: each
     sqlite call releases it, and taking it back can wait a whole switch interval. Here a batch
     of any size costs a handful of sqlite calls. Reservations wait for their answer; finished
-    fills and LRU times are fire-and-forget (a crash before they are written leaves rows that
-    ``Cache._recover`` completes at the next open).
+    fills and LRU times are fire-and-forget, and each queued write holds its cache, so a cache
+    dropped (``stage(source, Cache(...))``) or a process exiting meanwhile still applies them
+    (a crash before they are written leaves rows that ``Cache._recover`` completes at the next open).
     """
 
     def __init__(self, cache: Cache) -> None:
@@ -105,22 +106,26 @@ class IndexWriter:
 
     def reserve(self, row: tuple) -> bool:
         fut: Future = Future()
-        self._queue.put(("reserve", row, fut))
+        self._put("reserve", row, fut)
         return self._wait(fut)
 
     def ready(self, crc: str, when: float, key: str) -> None:
-        self._queue.put(("ready", (crc, when, key), None))
+        self._put("ready", (crc, when, key))
 
     def touch(self, touched: dict[str, float]) -> None:
-        self._queue.put(("touch", touched, None))
+        self._put("touch", touched)
 
     def forget(self, key: str) -> None:
-        self._queue.put(("forget", key, None))
+        self._put("forget", key)
 
     def flush(self) -> None:
         fut: Future = Future()
-        self._queue.put(("flush", None, fut))
+        self._put("flush", None, fut)
         self._wait(fut)
+
+    def _put(self, kind: str, args: Any, fut: Future | None = None) -> None:
+        """Queue a write with a strong reference to its cache: the cache lives until it is applied."""
+        self._queue.put((kind, args, fut, self._cache_ref()))
 
     @property
     def alive(self) -> bool:
@@ -138,13 +143,15 @@ class IndexWriter:
 
     def _run(self) -> None:
         cache = self._cache_ref()
-        db = cache._connect() if cache is not None else None
+        if cache is None:
+            return
+        db = cache._connect()
         del cache
-        while db is not None:
+        while True:
             try:
                 batch = [self._queue.get(timeout=IDLE_CHECK_S)]
             except queue.Empty:
-                if self._cache_ref() is None:  # the cache is gone: so is this thread
+                if self._cache_ref() is None:  # the cache is gone and nothing is queued: so is this thread
                     db.close()
                     return
                 continue
@@ -154,14 +161,15 @@ class IndexWriter:
                 except queue.Empty:
                     break
             batch, self._later = self._later + batch, []
-            if any(kind == "stop" for kind, _, _ in batch):
-                batch = [item for item in batch if item[0] != "stop"]
-                db = None
-            cache = self._cache_ref()
+            stop = any(item[0] == "stop" for item in batch)
+            cache = self._cache_ref()  # alive: every queued item holds it
             try:
-                self._commit(cache, db or cache._connect(), batch)
+                self._commit(cache, db, [item for item in batch if item[0] != "stop"])
             finally:
-                del cache
+                del cache, batch
+            if stop:  # the thread ends after this batch
+                db.close()
+                return
 
     def _commit(self, cache: Cache | None, db: sqlite3.Connection, batch: list) -> None:
         """Apply a batch in one transaction; if it fails, item by item, so that one bad request
@@ -175,7 +183,7 @@ class IndexWriter:
             if len(batch) == 1 or cache is None:
                 if batch[0][0] in ("ready", "forget") and disk_full(e):
                     self._later += batch  # the disk may have room again by the next batch
-                for _, _, fut in batch:
+                for _, _, fut, _ in batch:
                     if fut is not None and not fut.done():
                         fut.set_exception(e)
                 return
@@ -201,16 +209,16 @@ class IndexWriter:
 
     @staticmethod
     def _apply(cache: Cache, db: sqlite3.Connection, batch: list, doomed: list) -> list[tuple[Future, Any]]:
-        ready = [args for kind, args, _ in batch if kind == "ready"]
+        ready = [args for kind, args, _, _ in batch if kind == "ready"]
         touched: dict[str, float] = {}
-        for kind, args, _ in batch:
+        for kind, args, _, _ in batch:
             if kind == "touch":
                 touched.update(args)
         # Finished fills and recent uses first, so the LRU order the reservations see is current.
         db.executemany("UPDATE entries SET state = 'ready', crc32c = ?, last_used = ? WHERE key = ?", ready)
         db.executemany("UPDATE entries SET last_used = ? WHERE key = ?", [(t, k) for k, t in touched.items()])
         db.executemany("DELETE FROM entries WHERE key = ? AND state = 'filling'",
-                       [(key,) for kind, key, _ in batch if kind == "forget"])
-        answers: list[tuple[Future, Any]] = [(fut, None) for kind, _, fut in batch if kind == "flush"]
-        wants = [(args, fut) for kind, args, fut in batch if kind == "reserve"]
+                       [(key,) for kind, key, _, _ in batch if kind == "forget"])
+        answers: list[tuple[Future, Any]] = [(fut, None) for kind, _, fut, _ in batch if kind == "flush"]
+        wants = [(args, fut) for kind, args, fut, _ in batch if kind == "reserve"]
         return answers + (cache._decide(db, wants, doomed) if wants else [])

@@ -50,10 +50,7 @@ class Recovery:
                 pid = -1
             if pid != os.getpid() and not pid_alive(pid):
                 tmp.unlink(missing_ok=True)
-        doomed: list[tuple[str, int]] = []
-        with self._write() as db:
-            self._reclaim_dead_fills(db, doomed)
-        release(doomed, unlink=True)
+        self._finish_dead_fills()
         for sub in sorted(os.listdir(self._objects)):
             files = set(os.listdir(f"{self._objects}/{sub}"))
             rows = dict(self._db().execute("SELECT key, state FROM entries WHERE key >= ? AND key < ?",
@@ -64,6 +61,12 @@ class Recovery:
                     db.executemany("DELETE FROM entries WHERE key = ? AND state = 'ready'", [(k,) for k in missing])
             for name in files - rows.keys():
                 self._remove_orphan(sub, name)
+
+    def _finish_dead_fills(self) -> None:
+        doomed: list[tuple[str, int]] = []
+        with self._write() as db:
+            self._reclaim_dead_fills(db, doomed)
+        release(doomed, unlink=True)
 
     def _reclaim_dead_fills(self, db: sqlite3.Connection, doomed: list[tuple[str, int]]) -> bool:
         """Inside a write transaction: finish or drop the fills of processes that died. A file
@@ -98,8 +101,10 @@ class Recovery:
         """Re-read every cached object and check size and CRC32C; remove bad entries (they are
         fetched again on the next read) and files the index does not know. Safe while other
         processes fill, read and evict: an entry evicted meanwhile is not bad, and a file is an
-        orphan only if no row names it while its fill lock is held. Returns the report."""
+        orphan only if no row names it while its fill lock is held; fills of processes that died
+        are finished or dropped first. Returns the report."""
         self._flush()
+        self._finish_dead_fills()
         report = VerifyReport()
         for sub in sorted(os.listdir(self._objects)):
             rows = self._db().execute("SELECT key, source, name, size, crc32c FROM entries "

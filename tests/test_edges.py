@@ -719,7 +719,7 @@ def test_the_prefetcher_keeps_only_what_is_in_flight(tmp_path):
         (root / f"{i:05d}.bin").write_bytes(b"p")
     source = LocalSource(root)
     entries = sorted(source.list(), key=lambda e: e.name)
-    with Prefetcher(source, Cache(tmp_path / "c", min_free_bytes=0), entries, ahead=16, workers=4) as pf:
+    with Prefetcher(source, Cache(tmp_path / "c", min_free_bytes=0), entries, ahead=16) as pf:
         for position in range(len(entries)):
             pf.advance(position)
         pf.wait()

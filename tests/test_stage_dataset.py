@@ -77,7 +77,7 @@ def test_prefetcher_fills_exactly_ahead_of_the_reader(dataset, tmp_path):
     ds, source = dataset
     order = sorted(source.list(), key=lambda e: e.name)
     cache = Cache(tmp_path / "c")
-    pf = Prefetcher(source, cache, order, ahead=10, workers=4)
+    pf = Prefetcher(source, cache, order, ahead=10)
     pf.advance(0)
     pf.advance(5)
     pf.wait()

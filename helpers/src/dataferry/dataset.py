@@ -65,10 +65,11 @@ class CachedDataset(Dataset):
             data = self.cache.read(self.source, entry)
         return self.decode(data) if self.decode is not None else data
 
-    def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int = 64, workers: int = 8) -> PrefetchingSampler:
+    def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int = 64) -> PrefetchingSampler:
         """Wrap ``sampler`` so that, as the DataLoader draws indices, the next ``ahead`` samples are
-        fetched into the cache in background threads of the main process."""
-        return PrefetchingSampler(self, sampler, ahead, workers)
+        fetched into the cache in the background by the main process (a bucket's on its download
+        loop, a folder's on a few threads)."""
+        return PrefetchingSampler(self, sampler, ahead)
 
     @property
     def total_bytes(self) -> int:
@@ -82,9 +83,8 @@ class CachedDataset(Dataset):
 class PrefetchingSampler(Sampler[int]):
     """Yields the wrapped sampler's indices while keeping the next ``ahead`` of them being fetched."""
 
-    def __init__(self, dataset: CachedDataset, sampler: Sampler[int] | Sequence[int], ahead: int = 64,
-                 workers: int = 8) -> None:
-        self.dataset, self.sampler, self.ahead, self.workers = dataset, sampler, ahead, workers
+    def __init__(self, dataset: CachedDataset, sampler: Sampler[int] | Sequence[int], ahead: int = 64) -> None:
+        self.dataset, self.sampler, self.ahead = dataset, sampler, ahead
         self.prefetcher: Prefetcher | None = None
 
     def __len__(self) -> int:
@@ -93,7 +93,7 @@ class PrefetchingSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         order = array("q", self.sampler)  # 8 bytes a sample, not a list of ints
         entries = _InOrder(self.dataset, order)
-        with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead, self.workers) as pf:
+        with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead) as pf:
             self.prefetcher = pf
             for position, index in enumerate(order):
                 pf.advance(position)

@@ -13,7 +13,7 @@ import warnings
 import zlib
 from collections import deque
 from collections.abc import Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 with warnings.catch_warnings():
@@ -26,7 +26,7 @@ from dataferry.sources import Entry, Source
 
 __all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "shard_of"]
 
-DEFAULT_WORKERS = 32
+DEFAULT_WORKERS = 64
 
 
 def shard_of(name: str, world_size: int) -> int:
@@ -73,60 +73,39 @@ def stage(
     rank: int = 0,
     world_size: int = 1,
 ) -> StageReport:
-    """Fill ``cache`` with every object of ``source`` (or ``names``) using ``workers`` threads.
+    """Fill ``cache`` with every object of ``source`` (or ``names``), ``workers`` at a time.
 
-    The listing streams, so downloads start with the first page. Objects already cached are
-    skipped. Failures do not stop the others; they are listed in the report. With
+    A bucket's objects are downloaded as coroutines on one thread (large ones in parallel byte
+    ranges), a folder's by ``workers`` threads. The listing streams, so downloads start with the
+    first page. Objects already cached are skipped. Failures do not stop the others; they are listed in the report. With
     ``world_size`` > 1, this call stages only the objects whose :func:`shard_of` is ``rank``.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     items = source.list() if names is None else names
+    if world_size > 1:
+        items = (item for item in items
+                 if shard_of(item.name if isinstance(item, Entry) else item, world_size) == rank)
     report = StageReport(rank=rank, world_size=world_size)
     bar = tqdm(desc=f"staging {source.uri}", unit="file", disable=not progress, dynamic_ncols=True)
     t0 = time.perf_counter()
-
-    def one(item: str | Entry) -> tuple[str, int, int, str]:
-        entry = item if isinstance(item, Entry) else source.stat(item)
-        fetched = cache.fill(source, entry)
-        return entry.name, entry.size, fetched, cache.last_refusal if fetched < 0 else ""
-
-    def settle(done: Iterable[Future], names_of: dict[Future, str]) -> None:
-        for fut in done:
-            name = names_of.pop(fut)
-            try:
-                _, size, fetched, refusal = fut.result()
-            except Exception as e:  # noqa: BLE001 - every failure is reported, none stops the rest
-                report.failures.append((name, f"{e.__class__.__name__}: {e}"))
+    for filled in cache.fill_many(source, items, width=workers):
+        if filled.error is not None:
+            report.failures.append((filled.name, f"{filled.error.__class__.__name__}: {filled.error}"))
+        else:
+            report.bytes_total += filled.size
+            if filled.fetched > 0:
+                report.fetched += 1
+                report.bytes_fetched += filled.fetched
+            elif filled.fetched == 0:
+                report.already_cached += 1
             else:
-                report.bytes_total += size
-                if fetched > 0:
-                    report.fetched += 1
-                    report.bytes_fetched += fetched
-                elif fetched == 0:
-                    report.already_cached += 1
-                else:
-                    report.failures.append((name, f"does not fit in the cache: {refusal}"))
-            report.files += 1
-            bar.update(1)
+                report.failures.append((filled.name, f"does not fit in the cache: {filled.refusal}"))
+        report.files += 1
+        bar.update(1)
         elapsed = time.perf_counter() - t0
         bar.set_postfix_str(f"{report.bytes_fetched / 1e6:.0f} MB, {report.bytes_fetched / elapsed / 1e6:.1f} MB/s",
                             refresh=False)
-
-    pending: dict[Future, str] = {}
-    with ThreadPoolExecutor(workers, thread_name_prefix="dataferry-stage") as pool:
-        for item in items:
-            name = item.name if isinstance(item, Entry) else item
-            if world_size > 1 and shard_of(name, world_size) != rank:
-                continue
-            pending[pool.submit(one, item)] = name
-            if len(pending) >= 2 * workers:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                settle(done, pending)
-        bar.total = report.files + len(pending)
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            settle(done, pending)
     report.seconds = time.perf_counter() - t0
     bar.close()
     if progress:
@@ -142,27 +121,28 @@ class Prefetcher:
     still downloading waits for that one download instead of starting a second.
     """
 
-    def __init__(self, source: Source, cache: Cache, order: Sequence[Entry], ahead: int = 64,
-                 workers: int = 8) -> None:
+    def __init__(self, source: Source, cache: Cache, order: Sequence[Entry], ahead: int = 64) -> None:
         self.source, self.cache, self.order, self.ahead = source, cache, order, ahead
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dataferry-prefetch")
+        self._closed = False
         self._next = 0
         self._lock = threading.Lock()
         self._futures: deque[Future] = deque()  # the fills in flight, not the epoch's
         self.errors: list[tuple[str, str]] = []
 
-    def _fill(self, entry: Entry) -> None:
-        try:
-            self.cache.fill(self.source, entry)
-        except Exception as e:  # noqa: BLE001 - the reader's own read raises it properly
+    def _failed(self, entry: Entry, fut: Future) -> None:
+        if not fut.cancelled() and fut.exception() is not None:  # the reader's own read raises it properly
+            e = fut.exception()
             self.errors.append((entry.name, f"{e.__class__.__name__}: {e}"))
 
     def advance(self, position: int) -> None:
         """The reader is at ``position`` in ``order``: make sure items up to position+ahead are queued."""
         with self._lock:
             stop = min(len(self.order), position + self.ahead)
-            while self._next < stop:
-                self._futures.append(self._pool.submit(self._fill, self.order[self._next]))
+            while self._next < stop and not self._closed:
+                entry = self.order[self._next]
+                fut = self.cache.fill_later(self.source, entry)
+                fut.add_done_callback(lambda f, entry=entry: self._failed(entry, f))
+                self._futures.append(fut)
                 self._next += 1
             self._prune()
 
@@ -180,8 +160,10 @@ class Prefetcher:
             self._futures.popleft()
 
     def close(self) -> None:
-        """Stop: drop queued fills that have not started, wait for those in flight."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop: queue nothing more, and wait for the fills in flight."""
+        with self._lock:
+            self._closed = True
+        self.wait()
 
     def __enter__(self) -> Prefetcher:
         self.advance(0)

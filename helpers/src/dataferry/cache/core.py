@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES, Budget
+from dataferry.cache.bulk import BulkFilling
 from dataferry.cache.errors import CacheFolderError, ChecksumError
 from dataferry.cache.fill import Filling
 from dataferry.cache.index import FLUSH_EVERY, FLUSH_S, IndexWriter, connect, create
@@ -70,7 +71,7 @@ def _read_all(fd: int, size: int) -> bytes:
     return b"".join(parts)
 
 
-class Cache(Filling, Budget, Recovery):
+class Cache(Filling, BulkFilling, Budget, Recovery):
     """A local cache folder of verified objects, with an optional byte budget and LRU eviction.
 
     ``max_bytes`` caps the cache (None: no cap); ``min_free_bytes`` keeps that much free on its
@@ -124,6 +125,9 @@ class Cache(Filling, Budget, Recovery):
         self._last_flush = time.time()
         self._stats = CacheStats()
         self._index_writer: IndexWriter | None = None
+        self._stripes: dict = {}  # fill-lock stripes held by this process's download loop
+        self._sync_group: dict = {"next": None, "running": False}  # its group flush
+        self._fill_threads = None  # fill_later's threads, for sources without fetch_async
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     @property

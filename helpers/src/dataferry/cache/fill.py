@@ -9,7 +9,6 @@ never retried as if the network had failed, and a disk that fills up makes the r
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import functools
@@ -19,17 +18,18 @@ import os
 import sqlite3
 import time
 import warnings
-from pathlib import Path
 from typing import BinaryIO
 
 import google_crc32c
 from google.api_core.exceptions import RetryError
 
+from dataferry import aio
+from dataferry.cache.checksum import b64
 from dataferry.cache.errors import CacheFolderError, CacheFullWarning, ChecksumError, FillTimeout
-from dataferry.cache.layout import CHUNK, printable
+from dataferry.cache.layout import printable
 from dataferry.sources import Attempts, Entry, Source, SourceError, is_transient, retry_policy, where
 
-__all__ = ["Filling", "Hashing", "file_crc", "disk_full", "STALL_S"]
+__all__ = ["Filling", "Hashing", "disk_full", "STALL_S"]
 
 STALL_S = 30.0  # the longest wait for the next byte of a download before it is retried
 MIN_FILL_BYTES_PER_S = 1e6  # a fill may take retry_deadline_s, or a second per MB if that is longer
@@ -58,20 +58,6 @@ class Hashing:
         self.out.seek(0)
         self.out.truncate()
         self.n, self.crc = 0, google_crc32c.Checksum()
-
-
-def b64(checksum: google_crc32c.Checksum) -> str:
-    return base64.b64encode(checksum.digest()).decode()
-
-
-def file_crc(path: Path) -> tuple[int, str]:
-    """(size, base64 CRC32C) of a file, read in chunks."""
-    c, n = google_crc32c.Checksum(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            c.update(chunk)
-            n += len(chunk)
-    return n, b64(c)
 
 
 @functools.lru_cache(maxsize=64)
@@ -150,7 +136,10 @@ class Filling:
         t0 = time.perf_counter()
         try:
             with open(tmp, "wb") as f:
-                crc = self._download(source, entry, f)
+                if hasattr(source, "fetch_async"):  # on the download loop, a large object in ranges
+                    crc = aio.run(self._download_async(source, entry, f.fileno()))
+                else:
+                    crc = self._download(source, entry, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

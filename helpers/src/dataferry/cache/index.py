@@ -9,6 +9,7 @@ failed statement can roll rows back, never bring back a file.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import queue
@@ -101,6 +102,7 @@ class IndexWriter:
         self._cache_ref = weakref.ref(cache)  # the thread must not keep its cache alive
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._later: list = []  # finished fills and cancellations a full disk refused: tried with the next batch
+        self._outbox: list = []  # writes of the download loop's current turn
         self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
         self._thread.start()
 
@@ -108,6 +110,19 @@ class IndexWriter:
         fut: Future = Future()
         self._put("reserve", row, fut)
         return self._wait(fut)
+
+    async def reserve_async(self, row: tuple) -> Any:
+        """:meth:`reserve` for a coroutine on the download loop."""
+        fut: Future = Future()
+        self._put("reserve", row, fut)
+        answer = asyncio.wrap_future(fut)
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(answer), 1.0)
+            except asyncio.TimeoutError:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the cache's index writer thread stopped before answering; "
+                                       "try again (a new one starts)") from None
 
     def ready(self, crc: str, when: float, key: str) -> None:
         self._put("ready", (crc, when, key))
@@ -124,8 +139,20 @@ class IndexWriter:
         self._wait(fut)
 
     def _put(self, kind: str, args: Any, fut: Future | None = None) -> None:
-        """Queue a write with a strong reference to its cache: the cache lives until it is applied."""
-        self._queue.put((kind, args, fut, self._cache_ref()))
+        """Queue a write with a strong reference to its cache: the cache lives until it is applied.
+        On the download loop, the writes of one turn of the loop go as one item (one wake-up of
+        this thread, not one per fill)."""
+        item = (kind, args, fut, self._cache_ref())
+        if threading.current_thread().name != "dataferry-aio":
+            self._queue.put(item)
+            return
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._send_outbox)
+        self._outbox.append(item)
+
+    def _send_outbox(self) -> None:
+        items, self._outbox = self._outbox, []
+        self._queue.put(("many", items, None, None))
 
     @property
     def alive(self) -> bool:
@@ -160,6 +187,7 @@ class IndexWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            batch = [one for item in batch for one in (item[1] if item[0] == "many" else (item,))]
             batch, self._later = self._later + batch, []
             stop = any(item[0] == "stop" for item in batch)
             cache = self._cache_ref()  # alive: every queued item holds it

@@ -14,7 +14,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dataferry.cache.fill import file_crc
+from dataferry.cache.checksum import file_crc
 from dataferry.cache.index import release
 from dataferry.host import pid_alive
 

@@ -1,0 +1,163 @@
+"""First epochs side by side: dataferry against what a user would pick instead, in the lab.
+
+Every method starts cold in a fresh process (an empty destination, a fresh gcsfuse mount with an
+empty file cache), lists the objects, gets every byte to local disk and reads every byte once:
+that is one first epoch. Methods are interleaved within each repetition, so drift on a shared
+2-core machine hits them all. Figures are ``lab:<profile>`` numbers, never cloud numbers.
+
+The child side (``python -m dataferry.lab.peers METHOD ...``) prints one JSON line: seconds,
+bytes, files and the peak RSS of the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PEERS", "DATAFERRY", "WIDTH", "first_epochs", "ratios"]
+
+WIDTH = 32  # the reader width every pooled method gets (dataferry's default staging width)
+PEERS = ("gcsfs-get", "transfer-manager-threads", "gcsfuse-file-cache")
+DATAFERRY = ("dataferry-stage", "dataferry-first-read")
+
+
+def _read_all(paths: list[str]) -> int:
+    def one(path: str) -> int:
+        with open(path, "rb") as f:
+            return len(f.read())
+
+    with ThreadPoolExecutor(WIDTH) as pool:
+        return sum(pool.map(one, paths))
+
+
+def _files(folder: str) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs]
+
+
+def _gcsfs_get(bucket: str, prefix: str, work: str) -> tuple[int, int]:
+    from gcsfs.core import GCSFileSystem  # the classic class, as Colab has it (newer ones probe gRPC first)
+
+    fs = GCSFileSystem(endpoint_url=os.environ["STORAGE_EMULATOR_HOST"], token="anon")
+    fs.get(f"{bucket}/{prefix}", work + "/", recursive=True)
+    paths = _files(work)
+    return len(paths), _read_all(paths)
+
+
+def _transfer_manager(bucket: str, prefix: str, work: str) -> tuple[int, int]:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+    from google.cloud.storage import transfer_manager
+
+    client = storage.Client(project="dataferry-lab", credentials=AnonymousCredentials())
+    names = [b.name for b in client.list_blobs(bucket, prefix=prefix)]
+    for result in transfer_manager.download_many_to_path(
+            client.bucket(bucket), names, destination_directory=work, max_workers=WIDTH,
+            worker_type=transfer_manager.THREAD, raise_exception=True):
+        if result is not None:
+            raise result
+    paths = [os.path.join(work, n) for n in names]
+    return len(paths), _read_all(paths)
+
+
+def _gcsfuse_read(mount: str, prefix: str) -> tuple[int, int]:
+    paths = _files(os.path.join(mount, prefix))
+    return len(paths), _read_all(paths)
+
+
+def _dataferry(bucket: str, prefix: str, work: str, how: str) -> tuple[int, int]:
+    from dataferry import Cache, GCSSource, Prefetcher, stage
+
+    source, cache = GCSSource(bucket, prefix), Cache(work, min_free_bytes=0)
+    entries = list(source.list())
+    if how == "stage":
+        report = stage(source, cache, entries, progress=False)
+        if report.failures:
+            raise RuntimeError(str(report))
+        return len(entries), sum(len(cache.read(source, e)) for e in entries)
+    n = 0
+    with Prefetcher(source, cache, entries) as ahead:  # what CachedDataset's prefetching sampler does
+        for i, e in enumerate(entries):
+            ahead.advance(i)
+            n += len(cache.read(source, e))
+    return len(entries), n
+
+
+def _child(method: str, bucket: str, prefix: str, work: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    if method == "gcsfs-get":
+        files, n = _gcsfs_get(bucket, prefix, work)
+    elif method == "transfer-manager-threads":
+        files, n = _transfer_manager(bucket, prefix, work)
+    elif method == "gcsfuse-file-cache":
+        files, n = _gcsfuse_read(work, prefix)
+    else:
+        files, n = _dataferry(bucket, prefix, work, method.removeprefix("dataferry-"))
+    seconds = time.perf_counter() - t0
+    # VmHWM, not ru_maxrss: the latter keeps the parent's size from before exec.
+    hwm = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1])
+    return {"seconds": seconds, "bytes": n, "files": files, "peak_rss_mib": hwm / 1024}
+
+
+def first_epoch(lab: Any, method: str, bucket: str, prefix: str, work: Path) -> dict[str, Any]:
+    """One cold first epoch of ``method`` in a fresh process; the mount (gcsfuse) is made outside the span."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    mount = lab.mount(bucket, file_cache=True) if method == "gcsfuse-file-cache" else None
+    try:
+        where = str(mount.mountpoint) if mount else str(work)
+        out = subprocess.run([sys.executable, "-m", "dataferry.lab.peers", method, bucket, prefix, where],
+                             env={**os.environ, **lab.env()}, capture_output=True, text=True, timeout=1800)
+    finally:
+        if mount:
+            mount.unmount()
+        shutil.rmtree(work, ignore_errors=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{method} failed: {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def first_epochs(lab: Any, bucket: str, prefix: str, work: Path, methods: tuple[str, ...], repeats: int,
+                 seed: int, say: Callable[[str], None] = print) -> dict[str, list[dict[str, Any]]]:
+    """``repeats`` cold first epochs of every method, interleaved in a shuffled order per repetition."""
+    rng = random.Random(seed)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    for rep in range(repeats):
+        order = list(methods)
+        rng.shuffle(order)
+        for method in order:
+            run = first_epoch(lab, method, bucket, prefix, work / method)
+            runs[method].append(run)
+            say(f"    {rep + 1}/{repeats} {method:26s} {run['seconds']:6.2f} s  "
+                f"{run['bytes'] / run['seconds'] / 1e6:7.1f} MB/s  peak RSS {run['peak_rss_mib']:.0f} MiB")
+    return runs
+
+
+def ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Median MB/s per method (with min-max) and each dataferry method over the fastest peer."""
+    rates = {m: [r["bytes"] / r["seconds"] / 1e6 for r in rs] for m, rs in runs.items()}
+    table = {m: {"median_MBps": statistics.median(v), "min_MBps": min(v), "max_MBps": max(v), "n": len(v),
+                 "median_s": statistics.median(r["seconds"] for r in runs[m]),
+                 "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[m])} for m, v in rates.items()}
+    peers = [m for m in table if m in PEERS]
+    best = max(peers, key=lambda m: table[m]["median_MBps"]) if peers else None
+    out: dict[str, Any] = {"methods": table, "best_peer": best}
+    if best:
+        for m in DATAFERRY:
+            if m in table:
+                out[f"{m}_vs_best_peer"] = table[m]["median_MBps"] / table[best]["median_MBps"]
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(*sys.argv[1:5])))

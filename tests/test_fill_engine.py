@@ -1,0 +1,138 @@
+"""The fast fill path keeps the cache's promises: a bucket's objects filled as coroutines on one
+loop, large ones in parallel byte ranges, against the real lab (fake-gcs-server behind toxiproxy)."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import google_crc32c
+import pytest
+import requests
+
+from dataferry import Cache, GCSSource, stage
+from dataferry.cache import bulk
+from dataferry.cache.checksum import combine
+from dataferry.lab import Profile, plan_dataset
+
+
+def test_crc32c_of_consecutive_ranges_combines_to_the_whole():
+    rng = random.Random(7)
+    data = os.urandom(200_000)
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(len(data)), rng.randrange(1, 6)))
+        pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+        crc = google_crc32c.value(pieces[0])
+        for piece in pieces[1:]:
+            crc = combine(crc, google_crc32c.value(piece), len(piece))
+        assert crc == google_crc32c.value(data)
+
+
+@pytest.fixture
+def small_ranges(monkeypatch):
+    """Objects from 1 MiB up come in 256 KiB ranges, so a test needs no gigabyte object."""
+    monkeypatch.setattr(bulk, "RANGE_MIN", 1 << 20)
+    monkeypatch.setattr(bulk, "PART", 256 << 10)
+
+
+def _ranged_gets(lab, name: str) -> int:
+    return sum(1 for method, path, status in lab.requests() if method == "GET" and status == 206
+               and name.replace("/", "%2F") in path)
+
+
+def test_a_large_object_fills_in_verified_parallel_ranges(lab, lab_env, lab_bucket, tmp_path, small_ranges):
+    data = os.urandom((3 << 20) + 12_345)  # a last range shorter than the rest
+    lab_bucket.blob("big/obj").upload_from_string(data)
+    source = GCSSource(lab_bucket.name, "big/")
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    assert cache.read(source, "obj") == data
+    assert _ranged_gets(lab, "big/obj") == 13, "one request per 256 KiB range"
+    assert cache.verify().ok and cache.usage() == (1, len(data))
+
+
+def test_a_large_object_fills_faster_than_one_connection_carries(lab, lab_env, lab_bucket, tmp_path, small_ranges):
+    data = os.urandom(4 << 20)
+    lab_bucket.blob("fast/obj").upload_from_string(data)
+    source = GCSSource(lab_bucket.name, "fast/")
+    entry = source.stat("obj")
+    lab.set_profile(Profile("test-narrow", 2, 4))  # 4 MB/s per connection
+    t0 = time.perf_counter()
+    with requests.get(f"{lab.endpoint}/download/storage/v1/b/{lab_bucket.name}/o/fast%2Fobj?alt=media",
+                      timeout=60) as r:
+        assert r.content == data
+    one_connection_s = time.perf_counter() - t0
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    t0 = time.perf_counter()
+    cache.fill(source, entry)
+    fill_s = time.perf_counter() - t0
+    assert one_connection_s / fill_s > 2, (one_connection_s, fill_s)
+    assert cache.read(source, entry) == data
+
+
+def test_ranges_cut_mid_transfer_resume_and_the_bytes_stay_right(lab, lab_env, lab_bucket, tmp_path, small_ranges):
+    ds = plan_dataset(3, (2 << 20) + 777, prefix="cut", seed=4, shard_bytes=None).upload(lab_bucket)
+    source = GCSSource(lab_bucket.name, "cut/files/")
+    entries = list(source.list())
+    cuts = {"name": "cuts", "type": "limit_data", "stream": "downstream", "toxicity": 1.0,
+            "attributes": {"bytes": 100_000}}  # every connection dies within its first range
+    lab.toxiproxy.add_toxic("gcs", cuts)
+    try:
+        cache = Cache(tmp_path / "c", min_free_bytes=0, retry_deadline_s=60)
+        report = stage(source, cache, entries, progress=False)
+    finally:
+        lab.toxiproxy.remove_toxic("gcs", "cuts")
+    assert report.failures == [] and report.fetched == 3
+    assert cache.stats().retries > 0
+    for e in entries:
+        assert cache.read(source, e) == ds.content(e.name)
+    assert cache.verify().ok
+
+
+def test_staging_a_bucket_keeps_its_downloads_on_a_few_threads(lab, lab_env, lab_bucket, tmp_path):
+    plan_dataset(300, 10_000, prefix="t", seed=2, shard_bytes=None).upload(lab_bucket)
+    lab.set_profile(Profile("test-latency", 20, None))  # so that many downloads are in flight at once
+    source = GCSSource(lab_bucket.name, "t/files/")
+    entries = list(source.list())
+    peak, stop = [threading.active_count()], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak.append(threading.active_count())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        report = stage(source, Cache(tmp_path / "c", min_free_bytes=0), entries, workers=64, progress=False)
+    finally:
+        stop.set()
+        watcher.join()
+    assert report.fetched == 300 and not report.failures
+    assert max(peak) < 16, f"{max(peak)} threads for 64 downloads in flight"
+
+
+def test_the_loop_and_reading_threads_download_each_object_once(lab, lab_env, lab_bucket, tmp_path):
+    ds = plan_dataset(120, 30_000, prefix="o", seed=9, shard_bytes=None).upload(lab_bucket)
+    lab.set_profile(Profile("test-latency", 20, None))
+    source = GCSSource(lab_bucket.name, "o/files/")
+    entries = list(source.list())
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    got: dict[str, bytes] = {}
+
+    def read_all(order: list) -> None:
+        for e in order:
+            got[e.name] = cache.read(source, e)
+
+    readers = [threading.Thread(target=read_all, args=(random.Random(i).sample(entries, len(entries)),))
+               for i in range(4)]
+    for t in readers:
+        t.start()
+    report = stage(source, cache, entries, progress=False)
+    for t in readers:
+        t.join()
+    assert not report.failures and report.fetched + report.already_cached == 120
+    assert got == {name: ds.content(name) for name in ds.sizes}
+    counts = lab.downloads(lab_bucket.name)
+    assert len(counts) == 120 and set(counts.values()) == {1}, "one download per object, loop or thread"

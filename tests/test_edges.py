@@ -236,7 +236,7 @@ def test_a_read_only_cache_folder_is_one_clear_error(read_only_cache):
 
 
 def test_bench_cache_leaves_the_environment_as_it_found_it(monkeypatch):
-    from dataferry.bench import _lab_environment
+    from dataferry.lab.cachebench import _lab_environment
 
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     with _lab_environment({"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1"}):

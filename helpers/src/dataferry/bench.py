@@ -1,9 +1,7 @@
-"""Ready-made experiments, run in the lab. Every figure is labelled with the lab profile it ran
-under (``lab:<profile>``) and the cache state of each pass; they are not cloud numbers.
-
-``bench_cache`` measures what the caching loader promises: warm epochs at local-disk speed,
-parallel staging far faster than one-by-one downloads, large cold reads at link speed in
-bounded memory, and a small per-hit overhead.
+"""Ready-made experiments: first vs repeated reads by method and region, at equal reader widths.
+Every lab figure is labelled with the profile it ran under (``lab:<profile>``) and the cache state
+of each pass; they are not cloud numbers. The cache's own benchmark lives with the lab
+(:mod:`dataferry.lab.cachebench`).
 """
 
 from __future__ import annotations
@@ -11,12 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import random
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,203 +22,13 @@ from dataferry.cache import Cache
 from dataferry.lab import Lab
 from dataferry.lab.profiles import PROFILES
 from dataferry.sources import GCSSource
-from dataferry.stage import DEFAULT_WORKERS, stage, tqdm
+from dataferry.stage import stage, tqdm, width_for
 from dataferry.timing import Results, evict, timed_read
 
-__all__ = ["bench_cache", "compare_methods", "measure", "lab_target", "source_target", "bench_lab", "bench_source", "Target",
+__all__ = ["compare_methods", "measure", "lab_target", "source_target", "bench_lab", "bench_source", "Target",
            "LAB_METHODS", "summary", "summary_table"]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-
-
-def _median_ns(fn: Callable[[], Any], n: int) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times)
-
-
-def _read_files(paths: list[str]) -> int:
-    n = 0
-    for p in paths:
-        with open(p, "rb") as f:
-            n += len(f.read())
-    return n
-
-
-def _fill_in_child(cache_root: Path, bucket: str, name: str, env: dict[str, str]) -> dict:
-    """Fill one object into a fresh cache in a child process; return its seconds and peak RSS."""
-    code = (
-        "import json, re, sys, time\n"
-        "from dataferry import Cache, GCSSource\n"
-        "src = GCSSource(sys.argv[2]); cache = Cache(sys.argv[1]); e = src.stat(sys.argv[3])\n"
-        "t0 = time.perf_counter(); cache.fill(src, e); dt = time.perf_counter() - t0\n"
-        # VmHWM, not ru_maxrss: the latter keeps the parent's size from before exec.
-        "hwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])\n"
-        "print(json.dumps({'seconds': dt, 'bytes': e.size, 'peak_rss_mib': hwm / 1024}))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code, str(cache_root), bucket, name], env={**os.environ, **env},
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
-
-
-def _raw_get_rate(lab: Lab, bucket: str, name: str) -> float:
-    """MB/s of one plain HTTP GET of the object through the lab's proxy: what the link delivers."""
-    import requests
-
-    url = f"{lab.endpoint}/download/storage/v1/b/{bucket}/o/{requests.utils.quote(name, safe='')}?alt=media"
-    t0 = time.perf_counter()
-    n = 0
-    with requests.get(url, stream=True, timeout=600) as r:
-        r.raise_for_status()
-        for chunk in r.iter_content(MiB):
-            n += len(chunk)
-    return n / (time.perf_counter() - t0) / 1e6
-
-
-@contextlib.contextmanager
-def _lab_environment(env: dict[str, str]) -> Iterator[None]:
-    """``env`` set for the block (and the processes it starts), then the environment as it was."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def bench_cache(out: str | os.PathLike[str] = "build/bench/cache.json", repeats: int = 5,
-                large_bytes: int = GiB, say: Callable[[str], None] = print) -> dict:
-    """Run the cache benchmark in a lab of its own; print a table and write JSON to ``out``."""
-    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-bench-state-")).up(gcsfuse=False)
-    work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
-    results: dict[str, Any] = {"experiment": "cache", "where": f"lab on {platform.node()}", "repeats": repeats,
-                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    try:
-        with _lab_environment(lab.env()):
-            results.update(_warm_and_hits(lab, work, repeats, say))
-            results.update(_cold_small(lab, work, say))
-            results.update(_cold_large(lab, work, large_bytes, say))
-    finally:
-        lab.down()
-        subprocess.run(["rm", "-rf", str(work)], check=False)
-    results["goals"] = {"warm_vs_local": ">= 0.90", "cold_small_vs_serial": ">= 10",
-                        "cold_large_vs_link": ">= 0.90", "cold_large_peak_rss_mib": "< 256", "hit_overhead": "<= 1.5"}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(results, indent=1))
-    say("")
-    say("| key | value | goal | conditions |")
-    say("|---|---|---|---|")
-    for key, cond in (("warm_vs_local", results["warm_conditions"]), ("hit_overhead", results["hit_conditions"]),
-                      ("cold_small_vs_serial", results["cold_small_conditions"]),
-                      ("cold_large_vs_link", results["cold_large_conditions"]),
-                      ("cold_large_peak_rss_mib", "peak RSS of the filling process")):
-        say(f"| {key} | {results[key]:.2f} | {results['goals'][key]} | {cond} |")
-    say(f"\nwrote {out}")
-    return results
-
-
-def _warm_and_hits(lab: Lab, work: Path, repeats: int, say: Callable[[str], None]) -> dict:
-    n, size = 1000, 256 * KiB
-    say(f"warm epoch: {n} x {size // KiB} KiB through the cache vs the same files in a plain folder, "
-        f"page cache dropped before each pass, {repeats} passes each, interleaved")
-    ds = lab.make_dataset("bench-warm", n, size, prefix="w", seed=1, shard_bytes=None)
-    source = GCSSource("bench-warm", "w/files/")
-    cache = Cache(work / "cache-warm")
-    stage(source, cache, progress=False)
-    entries = sorted(source.list(), key=lambda e: e.name)
-    plain = work / "plain"
-    ds.write_to(plain)
-    plain_paths = [str(plain / name) for name in ds.object_names]
-    cached_paths = [str(cache.path(source, e)) for e in entries]
-    local_s, cache_s, states = [], [], set()
-    for _ in range(repeats):
-        states.add(evict(plain_paths).cache_state)
-        t0 = time.perf_counter()
-        _read_files(plain_paths)
-        local_s.append(time.perf_counter() - t0)
-        states.add(evict(cached_paths).cache_state)
-        t0 = time.perf_counter()
-        for e in entries:
-            cache.read(source, e)
-        cache_s.append(time.perf_counter() - t0)
-    total = n * size
-    local_rate, cache_rate = total / statistics.median(local_s) / 1e6, total / statistics.median(cache_s) / 1e6
-    say(f"  plain folder {local_rate:.0f} MB/s, through the cache {cache_rate:.0f} MB/s (medians; {sorted(states)})")
-
-    say("hit overhead: open+read of one cached 64 KiB file, through the cache vs plain, pages in memory")
-    small = lab.make_dataset("bench-hit", 1, 64 * KiB, prefix="h", seed=2, shard_bytes=None)
-    hsource = GCSSource("bench-hit", "h/files/")
-    entry = next(iter(hsource.list()))
-    path = str(cache.path(hsource, entry))
-    assert cache.read(hsource, entry) == small.content(entry.name)
-    reps = 20_000
-    plain_ns, cache_ns = [], []
-    for _ in range(repeats):  # interleaved blocks, so drift hits both
-        plain_ns.append(_median_ns(lambda: _read_files([path]), reps // repeats))
-        cache_ns.append(_median_ns(lambda: cache.read(hsource, entry), reps // repeats))
-    p, c = statistics.median(plain_ns), statistics.median(cache_ns)
-    say(f"  plain {p / 1000:.1f} us, through the cache {c / 1000:.1f} us (median per call)")
-    return {
-        "warm_vs_local": cache_rate / local_rate, "warm_local_MBps": local_rate, "warm_cache_MBps": cache_rate,
-        "warm_cache_states": sorted(states), "warm_local_s": local_s, "warm_cache_s": cache_s,
-        "warm_conditions": f"{n} x {size // KiB} KiB, page cache dropped ({', '.join(sorted(states))}), "
-                           f"median of {repeats}",
-        "hit_overhead": c / p, "hit_plain_ns": p, "hit_cache_ns": c,
-        "hit_conditions": f"64 KiB, page_warm, median of {reps} calls",
-    }
-
-
-def _cold_small(lab: Lab, work: Path, say: Callable[[str], None]) -> dict:
-    n, size, profile = 2000, 64 * KiB, PROFILES["same-continent"]
-    say(f"cold small files: {n} x 64 KiB under {profile.label}: stage({DEFAULT_WORKERS} workers) "
-        "vs one-by-one blob.download_to_filename (the 2020 method)")
-    lab.make_dataset("bench-small", n, size, prefix="s", seed=3, shard_bytes=None)
-    source = GCSSource("bench-small", "s/files/")
-    entries = list(source.list())
-    with lab.using_profile(profile):
-        report = stage(source, Cache(work / "cache-small"), entries, progress=False)
-        staged_s = report.seconds
-        bucket = lab.client().bucket("bench-small")
-        target = work / "serial"
-        target.mkdir()
-        t0 = time.perf_counter()
-        for i, e in enumerate(entries):
-            bucket.blob("s/files/" + e.name).download_to_filename(target / f"{i}.bin")
-        serial_s = time.perf_counter() - t0
-    say(f"  stage {staged_s:.1f} s, serial {serial_s:.1f} s")
-    return {"cold_small_vs_serial": serial_s / staged_s, "cold_small_stage_s": staged_s,
-            "cold_small_serial_s": serial_s, "cold_small_failures": len(report.failures),
-            "cold_small_conditions": f"{n} x 64 KiB, {profile.label} ({profile}), fresh cache and folder, n=1 each"}
-
-
-def _cold_large(lab: Lab, work: Path, size: int, say: Callable[[str], None]) -> dict:
-    profile = PROFILES["same-continent"]
-    say(f"cold large object: one {size / GiB:g} GiB object under {profile.label}, filled by a fresh process")
-    blob = lab.create_bucket("bench-large").blob("big.bin")
-    data_file = work / "big.bin"
-    with open(data_file, "wb") as f:
-        for _ in range(size // MiB):
-            f.write(os.urandom(MiB))
-    blob.upload_from_filename(data_file)
-    data_file.unlink()
-    with lab.using_profile(profile):
-        link = _raw_get_rate(lab, "bench-large", "big.bin")
-        filled = _fill_in_child(work / "cache-large", "bench-large", "big.bin", lab.env())
-    rate = filled["bytes"] / filled["seconds"] / 1e6
-    say(f"  cache fill {rate:.1f} MB/s, plain GET {link:.1f} MB/s, nominal {profile.bandwidth_MBps:g} MB/s, "
-        f"peak RSS {filled['peak_rss_mib']:.0f} MiB")
-    return {"cold_large_vs_link": rate / link, "cold_large_MBps": rate, "cold_large_link_MBps": link,
-            "cold_large_nominal_MBps": profile.bandwidth_MBps, "cold_large_vs_nominal": rate / profile.bandwidth_MBps,
-            "cold_large_peak_rss_mib": filled["peak_rss_mib"],
-            "cold_large_conditions": f"{size / GiB:g} GiB, {profile.label}; link = one plain streaming GET "
-                                     f"through the same proxy ({link:.1f} MB/s; nominal {profile.bandwidth_MBps:g})"}
 
 
 # -- first vs repeated reads, by method and region ------------------------------------------------
@@ -400,7 +204,7 @@ def _dataferry_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str],
         t0 = time.perf_counter_ns()
         report = stage(t.source, cache, [entries[n] for n in order], progress=False)
         p.row(phase="stage", file=f"({report.files} files)", file_bytes=t.mean_file_bytes,
-              bytes=report.bytes_fetched, concurrency=DEFAULT_WORKERS, ns=int(report.seconds * 1e9),
+              bytes=report.bytes_fetched, concurrency=width_for(t.source), ns=int(report.seconds * 1e9),
               retries=cache.stats().retries, cache_state="cold_verified",
               error="; ".join(f"{n}: {e}" for n, e in report.failures)[:2000], **common)
         state, how = "page_warm", "none: just staged"
@@ -416,7 +220,7 @@ def _dataferry_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str],
         except Exception as e:  # noqa: BLE001 - errors are rows
             p.row(phase="read", file=n, file_bytes=t.sizes[n], concurrency=1, cache_state=state, eviction=how,
                   error=f"{e.__class__.__name__}: {e}", **common)
-    return time.perf_counter_ns() - t0, DEFAULT_WORKERS if first else 1, "cold_verified" if first else state
+    return time.perf_counter_ns() - t0, width_for(t.source) if first else 1, "cold_verified" if first else state
 
 
 def compare_methods(target: Target, results: Results, methods: Sequence[str], *, region: Any, runtime_kind: str,

@@ -151,9 +151,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_cache(args: argparse.Namespace) -> int:
-    from dataferry.bench import bench_cache
+    from dataferry.lab.cachebench import bench_cache
 
-    bench_cache(args.out, repeats=args.repeats, large_bytes=int(args.large_mib) << 20)
+    bench_cache(args.out, repeats=args.repeats, large_bytes=int(args.large_mib) << 20, peer_repeats=args.peer_repeats,
+                peer_profiles=args.peer_profiles.split(","))
     return 0
 
 
@@ -229,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stage", help="copy a bucket prefix or folder into a local cache, in parallel")
     st.add_argument("source", help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
     st.add_argument("--cache", required=True, help="cache folder")
-    st.add_argument("--workers", type=int, default=32)
+    st.add_argument("--workers", type=int, default=None, help="fills at once (default: 256 from a bucket, 32 threads on a folder)")
     st.add_argument("--max-bytes", type=float, help="cache budget in bytes")
     st.add_argument("--rank", type=int, default=0)
     st.add_argument("--world-size", type=int, default=1)
@@ -269,10 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default="build/report", help="folder for the figures")
     rp.set_defaults(func=cmd_report)
 
-    bc = sub.add_parser("bench-cache", help="benchmark the cache in a lab of its own (a few minutes)")
+    bc = sub.add_parser("bench-cache", help="benchmark the cache and its peers in a lab of its own (~15 min)")
     bc.add_argument("--out", default="build/bench/cache.json")
     bc.add_argument("--repeats", type=int, default=5)
     bc.add_argument("--large-mib", type=int, default=1024, help="size of the large object")
+    bc.add_argument("--peer-repeats", type=int, default=3, help="first epochs per method, data set and profile")
+    bc.add_argument("--peer-profiles", default="same-continent,cross-continent", help="lab profiles, comma-separated")
     bc.set_defaults(func=cmd_bench_cache)
     return parser
 

@@ -24,9 +24,15 @@ with warnings.catch_warnings():
 from dataferry.cache import Cache
 from dataferry.sources import Entry, Source
 
-__all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "shard_of"]
+__all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "BUCKET_IN_FLIGHT", "width_for", "shard_of"]
 
-DEFAULT_WORKERS = 64
+DEFAULT_WORKERS = 32  # threads reading a folder (a Drive or gcsfuse mount) at once
+BUCKET_IN_FLIGHT = 256  # a bucket's downloads in flight at once: coroutines on one thread, not threads
+
+
+def width_for(source: Source) -> int:
+    """How many fills :func:`stage` runs at once by default for ``source``."""
+    return BUCKET_IN_FLIGHT if hasattr(source, "fetch_async") else DEFAULT_WORKERS
 
 
 def shard_of(name: str, world_size: int) -> int:
@@ -68,12 +74,13 @@ def stage(
     source: Source,
     cache: Cache,
     names: Iterable[str | Entry] | None = None,
-    workers: int = DEFAULT_WORKERS,
+    workers: int | None = None,
     progress: bool = True,
     rank: int = 0,
     world_size: int = 1,
 ) -> StageReport:
-    """Fill ``cache`` with every object of ``source`` (or ``names``), ``workers`` at a time.
+    """Fill ``cache`` with every object of ``source`` (or ``names``), ``workers`` at a time
+    (default :func:`width_for`: 256 downloads in flight from a bucket, 32 threads on a folder).
 
     A bucket's objects are downloaded as coroutines on one thread (large ones in parallel byte
     ranges), a folder's by ``workers`` threads. The listing streams, so downloads start with the
@@ -89,7 +96,7 @@ def stage(
     report = StageReport(rank=rank, world_size=world_size)
     bar = tqdm(desc=f"staging {source.uri}", unit="file", disable=not progress, dynamic_ncols=True)
     t0 = time.perf_counter()
-    for filled in cache.fill_many(source, items, width=workers):
+    for filled in cache.fill_many(source, items, width=workers or width_for(source)):
         if filled.error is not None:
             report.failures.append((filled.name, f"{filled.error.__class__.__name__}: {filled.error}"))
         else:

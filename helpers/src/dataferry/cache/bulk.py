@@ -4,9 +4,9 @@ For a source with ``fetch_async`` (a GCS bucket), fills run as coroutines on the
 download loop (:mod:`dataferry.aio`), keeping every promise of :meth:`Cache.fill` at a fraction
 of a thread pool's cost on a small machine (issue 10):
 
-- the fill lock is the same striped ``flock``, taken without blocking (a stripe held elsewhere is
-  polled; one held by another coroutine here is awaited), so one download per object per machine
-  holds across threads, processes and the loop;
+- the fill lock is the same lock threads and other processes take, without blocking (one held
+  elsewhere is polled; one held by another coroutine here is awaited), so one download per object
+  per machine holds across threads, processes and the loop;
 - reservations are awaited, batched by the index writer with everyone else's;
 - an object of ``RANGE_MIN`` bytes or more comes in ``PART``-sized byte ranges, up to ``RANGES``
   at once, each written in place (``pwrite``) and resumed on its own after a blip; the parts'
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import fcntl
 import os
 import itertools
 import queue
@@ -44,7 +43,6 @@ from dataferry.cache.checksum import b64, combine, value
 from dataferry.cache.errors import CacheFolderError, ChecksumError, FillTimeout
 from dataferry.cache.fill import MIN_FILL_BYTES_PER_S, STALL_S, disk_full, source_blip
 from dataferry.cache.layout import printable
-from dataferry.cache.locks import LOCK_STRIPES_HEX
 from dataferry.sources import Attempts, Entry, Source, SourceError, where
 
 __all__ = ["BulkFilling", "Filled", "RANGE_MIN", "PART", "RANGES"]
@@ -219,7 +217,7 @@ class BulkFilling:
         if os.path.exists(path):
             return 0, "", entry.size
         t0 = time.perf_counter()
-        async with self._stripe(key):
+        async with self._fill_lock_async(key):
             self._count(wait_s=time.perf_counter() - t0)
             if os.path.exists(path):
                 return 0, "", entry.size
@@ -227,7 +225,7 @@ class BulkFilling:
             refusal = await self._reserve_async(source, entry, key)
             if refusal is not None:
                 return -1, refusal.why, entry.size
-            tmp = f"{self._tmp}/{key}.{os.getpid()}.part"
+            tmp = f"{self._tmp}/{key}.{self._pid}.part"
             t0 = time.perf_counter()
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -249,30 +247,24 @@ class BulkFilling:
         return entry.size, "", entry.size
 
     @contextlib.asynccontextmanager
-    async def _stripe(self, key: str) -> AsyncIterator[None]:
-        """The fill lock of ``key``'s stripe, for a coroutine: awaited while another coroutine here
-        holds it, polled (never blocking the loop) while a thread or another process does."""
-        stripe = key[:LOCK_STRIPES_HEX]
-        held = self._stripes
-        while stripe in held:
-            await held[stripe].wait()
-        held[stripe] = released = asyncio.Event()
+    async def _fill_lock_async(self, key: str) -> AsyncIterator[None]:
+        """``key``'s fill lock, for a coroutine: awaited while another coroutine here holds it,
+        polled (never blocking the loop) while a thread or another process does."""
+        held = self._held
+        while key in held:
+            await held[key].wait()
+        held[key] = released = asyncio.Event()
         try:
-            fd = os.open(f"{self._locks}/{stripe}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            pause = 0.002
+            while not self._fill_locks.try_hold(key):
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 0.05)
             try:
-                pause = 0.002
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        await asyncio.sleep(pause)
-                        pause = min(2 * pause, 0.05)
                 yield
             finally:
-                os.close(fd)
+                self._fill_locks.release(key)
         finally:
-            del held[stripe]
+            del held[key]
             released.set()
 
     async def _reserve_async(self, source: Source, entry: Entry, key: str) -> Refusal | None:
@@ -284,7 +276,7 @@ class BulkFilling:
             now = time.time()
             try:
                 refusal = await self._index.reserve_async((key, source.uri, printable(entry.name), entry.version,
-                                                           entry.size, os.getpid(), now, now))
+                                                           entry.size, self._pid, now, now))
             except sqlite3.OperationalError as e:
                 if not disk_full(e):
                     raise

@@ -24,7 +24,7 @@ from dataferry.cache.fill import Filling
 from dataferry.cache.index import FLUSH_EVERY, FLUSH_S, IndexWriter, connect, create
 from dataferry.cache.layout import CHUNK, lay_out, printable
 from dataferry.cache.layout import key as entry_key
-from dataferry.cache.locks import fill_lock, renew_after_fork
+from dataferry.cache.locks import FillLocks, renew_after_fork
 from dataferry.cache.recovery import Recovery
 from dataferry.sources import DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, Source, where
 
@@ -117,6 +117,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         at the fork would otherwise stay held in the child forever."""
         renew_after_fork(self)
         self._objects, self._locks, self._tmp = (str(self.root / sub) for sub in ("objects", "locks", "tmp"))
+        self._fill_locks = FillLocks(self._locks)
         self._pid = os.getpid()
         self._local = threading.local()
         self._mutex = threading.Lock()
@@ -125,7 +126,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         self._last_flush = time.time()
         self._stats = CacheStats()
         self._index_writer: IndexWriter | None = None
-        self._stripes: dict = {}  # fill-lock stripes held by this process's download loop
+        self._held: dict = {}  # fill locks held by this process's download loop, by key
         self._sync_group: dict = {"next": None, "running": False}  # its group flush
         self._fill_threads = None  # fill_later's threads, for sources without fetch_async
         atexit.register(_flush_at_exit, weakref.ref(self))
@@ -192,7 +193,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         return item if isinstance(item, Entry) else source.stat(item)
 
     def _fill_lock(self, key: str) -> contextlib.AbstractContextManager[None]:
-        return fill_lock(self._locks, key)
+        return self._fill_locks.hold(key)
 
     # -- reading ----------------------------------------------------------------------------
 

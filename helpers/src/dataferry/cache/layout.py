@@ -6,7 +6,7 @@ changed object is a new key. The folder, laid out once::
     index.sqlite     entries: key, source, name, version, size, crc32c, state, pid, last_used (WAL)
     objects/ab/KEY   complete objects
     tmp/KEY.PID.part fills in progress (removed at the next open if PID is dead)
-    locks/abc.lock   fill locks, striped by key
+    locks/fill.lock  fill locks: one byte per key (open-file-description locks)
     CACHEDIR.TAG     "safe to delete", for backup tools
 """
 

@@ -73,16 +73,19 @@ def test_two_ranks_under_torchrun_on_gloo(dataset, tmp_path):
     assert [g["fetched"] for g in gathered] == [len(a), len(b)]
 
 
-def test_prefetcher_fills_exactly_ahead_of_the_reader(dataset, tmp_path):
+def test_prefetcher_keeps_between_half_and_all_of_ahead_queued_in_batches(dataset, tmp_path):
     ds, source = dataset
     order = sorted(source.list(), key=lambda e: e.name)
     cache = Cache(tmp_path / "c")
     pf = Prefetcher(source, cache, order, ahead=10)
     pf.advance(0)
-    pf.advance(5)
+    pf.advance(5)  # still ahead / 2 queued ahead of the reader: nothing more yet
+    pf.wait()
+    assert [cache.contains(source, e) for e in order] == [True] * 10 + [False] * 38
+    pf.advance(6)  # fewer: topped up to 6 + 10 in one batch
     pf.wait()
     pf.close()
-    assert [cache.contains(source, e) for e in order] == [True] * 15 + [False] * 33
+    assert [cache.contains(source, e) for e in order] == [True] * 16 + [False] * 32
     assert pf.errors == []
 
 

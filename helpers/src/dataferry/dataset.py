@@ -65,10 +65,10 @@ class CachedDataset(Dataset):
             data = self.cache.read(self.source, entry)
         return self.decode(data) if self.decode is not None else data
 
-    def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int = 64) -> PrefetchingSampler:
-        """Wrap ``sampler`` so that, as the DataLoader draws indices, the next ``ahead`` samples are
-        fetched into the cache in the background by the main process (a bucket's on its download
-        loop, a folder's on a few threads)."""
+    def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> PrefetchingSampler:
+        """Wrap ``sampler`` so that, as the DataLoader draws indices, the next ``ahead`` samples
+        (default: 256 from a bucket, 32 from a folder) are fetched into the cache in the background
+        by the main process (a bucket's on its download loop, a folder's on a few threads)."""
         return PrefetchingSampler(self, sampler, ahead)
 
     @property
@@ -83,7 +83,7 @@ class CachedDataset(Dataset):
 class PrefetchingSampler(Sampler[int]):
     """Yields the wrapped sampler's indices while keeping the next ``ahead`` of them being fetched."""
 
-    def __init__(self, dataset: CachedDataset, sampler: Sampler[int] | Sequence[int], ahead: int = 64) -> None:
+    def __init__(self, dataset: CachedDataset, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> None:
         self.dataset, self.sampler, self.ahead = dataset, sampler, ahead
         self.prefetcher: Prefetcher | None = None
 

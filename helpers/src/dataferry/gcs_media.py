@@ -21,7 +21,7 @@ __all__ = ["media_get", "MAX_CONNECTIONS"]
 
 MAX_CONNECTIONS = 256  # per process; gcsfs's bulk get opens about as many
 _READ = 1 << 20
-_WRITE = 256 << 10
+_WRITE = 64 << 10  # packets are gathered up to this size before a write
 _sessions: dict[int, Any] = {}
 _refreshing: dict[int, asyncio.Lock] = {}
 
@@ -84,11 +84,15 @@ async def media_get(client: Any, bucket: str, name: str, generation: str, out: A
             held = bytearray()  # packets gathered into larger writes; written even when the link fails
             try:
                 async for chunk in response.content.iter_chunked(_READ):
-                    held += chunk
-                    if len(held) >= _WRITE:
-                        out.write(bytes(held))
-                        n += len(held)
-                        held.clear()
+                    if len(chunk) >= _WRITE or len(held) + len(chunk) >= _WRITE:
+                        if held:
+                            out.write(bytes(held))
+                            n += len(held)
+                            held.clear()
+                        out.write(chunk)  # a large chunk goes as it is: no copy
+                        n += len(chunk)
+                    else:
+                        held += chunk
             finally:
                 if held:
                     out.write(bytes(held))

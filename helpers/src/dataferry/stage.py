@@ -121,36 +121,44 @@ def stage(
 
 
 class Prefetcher:
-    """Keeps the next ``ahead`` entries of ``order`` being filled into ``cache`` in the background.
+    """Keeps the next ``ahead`` entries of ``order`` (default :func:`width_for` the source) being
+    filled into ``cache`` in the background.
 
     Call :meth:`advance` with the reader's position (or let :class:`~dataferry.CachedDataset`'s
     prefetching sampler do it); reads of prefetched items are cache hits, and a read of an item
     still downloading waits for that one download instead of starting a second.
     """
 
-    def __init__(self, source: Source, cache: Cache, order: Sequence[Entry], ahead: int = 64) -> None:
-        self.source, self.cache, self.order, self.ahead = source, cache, order, ahead
+    def __init__(self, source: Source, cache: Cache, order: Sequence[Entry], ahead: int | None = None) -> None:
+        self.source, self.cache, self.order, self.ahead = source, cache, order, ahead or width_for(source)
         self._closed = False
         self._next = 0
         self._lock = threading.Lock()
         self._futures: deque[Future] = deque()  # the fills in flight, not the epoch's
         self.errors: list[tuple[str, str]] = []
 
-    def _failed(self, entry: Entry, fut: Future) -> None:
-        if not fut.cancelled() and fut.exception() is not None:  # the reader's own read raises it properly
+    def _failed(self, fut: Future) -> None:
+        """Note what failed (the reader's own read raises it properly)."""
+        if fut.cancelled():
+            return
+        if fut.exception() is not None:
             e = fut.exception()
-            self.errors.append((entry.name, f"{e.__class__.__name__}: {e}"))
+            self.errors.append(("(a batch)", f"{e.__class__.__name__}: {e}"))
+            return
+        self.errors.extend((name, f"{e.__class__.__name__}: {e}") for name, e in fut.result())
 
     def advance(self, position: int) -> None:
-        """The reader is at ``position`` in ``order``: make sure items up to position+ahead are queued."""
+        """The reader is at ``position`` in ``order``: once fewer than ``ahead / 2`` items ahead of
+        it are queued, queue up to ``position + ahead`` (in one batch, not one by one)."""
         with self._lock:
+            if self._closed or self._next >= min(len(self.order), position + max(self.ahead // 2, 1)):
+                return
             stop = min(len(self.order), position + self.ahead)
-            while self._next < stop and not self._closed:
-                entry = self.order[self._next]
-                fut = self.cache.fill_later(self.source, entry)
-                fut.add_done_callback(lambda f, entry=entry: self._failed(entry, f))
+            batch = [self.order[i] for i in range(self._next, stop)]
+            self._next = stop
+            for fut in self.cache.fill_later(self.source, batch):
+                fut.add_done_callback(self._failed)
                 self._futures.append(fut)
-                self._next += 1
             self._prune()
 
     def wait(self) -> None:

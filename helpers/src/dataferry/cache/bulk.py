@@ -28,7 +28,7 @@ import itertools
 import queue
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +48,7 @@ from dataferry.sources import Attempts, Entry, Source, SourceError, where
 __all__ = ["BulkFilling", "Filled", "RANGE_MIN", "PART", "RANGES"]
 
 RANGE_MIN = 32 << 20  # objects this large come in ranges
-PART = 8 << 20
+PART = 16 << 20
 RANGES = 16  # ranges of one object in flight at once
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -177,15 +177,30 @@ class BulkFilling:
                 for fut in pending:
                     fut.cancel()
 
-    def fill_later(self, source: Source, item: Entry) -> Future:
-        """Start filling ``item`` in the background; a future of the bytes fetched. On the download
-        loop when the source allows, else on a small pool of this process's threads."""
+    def fill_later(self, source: Source, items: Sequence[Entry]) -> list[Future]:
+        """Start filling ``items`` in the background. Returns futures that end when they are done,
+        each with a list of (name, error) for the fills that failed: one for the whole batch on the
+        download loop (one hand-over to it, not one per item), one per item on a small pool of
+        this process's threads for a source without ``fetch_async``."""
         if async_capable(source):
-            return aio.submit(self._fill_async(source, item))
+            return [aio.submit(self._fill_all_async(source, list(items)))]
         with self._mutex:
             if self._fill_threads is None:
                 self._fill_threads = ThreadPoolExecutor(8, thread_name_prefix="dataferry-fill")
-        return self._fill_threads.submit(self._fill_one, source, item)
+        return [self._fill_threads.submit(self._failures, source, [item]) for item in items]
+
+    def _failures(self, source: Source, items: list[Entry]) -> list[tuple[str, BaseException]]:
+        failed = []
+        for item in items:
+            try:
+                self.fill(source, item)
+            except Exception as e:  # noqa: BLE001 - the reader's own read raises it properly
+                failed.append((item.name, e))
+        return failed
+
+    async def _fill_all_async(self, source: Source, items: list[Entry]) -> list[tuple[str, BaseException]]:
+        outcomes = await asyncio.gather(*(self._fill_async(source, item) for item in items), return_exceptions=True)
+        return [(item.name, out) for item, out in zip(items, outcomes) if isinstance(out, BaseException)]
 
     @staticmethod
     def _filled(item: Entry | str, outcome: tuple[int, str, int] | None, error: BaseException | None) -> Filled:

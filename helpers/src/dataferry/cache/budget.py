@@ -41,22 +41,42 @@ class Budget:
         """Record a fill in progress, evicting least-recently-used entries to make room. While the
         room is held by readers or fills in flight, wait for it (up to ``ROOM_WAIT_S``); returns
         None when reserved, else why not."""
-        if self.max_bytes is not None and entry.size > self.max_bytes:
-            return Refusal(f"the object is larger than the whole budget (max_bytes={self.max_bytes})")
-        deadline, pause = time.monotonic() + ROOM_WAIT_S, 0.05
-        while True:
-            now = time.time()
+        for pause in self._room_waits(entry):
             try:
-                refusal = self._index.reserve((key, source.uri, printable(entry.name), entry.version, entry.size,
-                                               os.getpid(), now, now))
+                refusal = self._index.reserve(self._reservation(source, entry, key))
             except sqlite3.OperationalError as e:
-                if not disk_full(e):
-                    raise
-                return Refusal(f"the cache's disk is full: its index could not grow ({self._free()})")
-            if refusal is None or not refusal.transient or time.monotonic() > deadline:
+                refusal = self._index_full(e)
+            if refusal is None or not refusal.transient or pause is None:
                 return refusal
             time.sleep(pause)
+        return self._too_big(entry)
+
+    def _room_waits(self, entry: Entry) -> Iterator[float | None]:
+        """One item per try at a reservation: the pause before the next try, None for the last
+        (room held by readers or fills in flight is waited for up to ``ROOM_WAIT_S``); no tries
+        at all for an object larger than the whole budget."""
+        if self._too_big(entry):
+            return
+        deadline, pause = time.monotonic() + ROOM_WAIT_S, 0.05
+        while time.monotonic() < deadline:
+            yield pause
             pause = min(2 * pause, 1.0)
+        yield None
+
+    def _too_big(self, entry: Entry) -> Refusal | None:
+        if self.max_bytes is not None and entry.size > self.max_bytes:
+            return Refusal(f"the object is larger than the whole budget (max_bytes={self.max_bytes})")
+        return None
+
+    def _reservation(self, source: Source, entry: Entry, key: str) -> tuple:
+        now = time.time()
+        return (key, source.uri, printable(entry.name), entry.version, entry.size, self._pid, now, now)
+
+    def _index_full(self, e: sqlite3.OperationalError) -> Refusal:
+        """The refusal for an index that could not grow on a full disk (any other error is raised)."""
+        if not disk_full(e):
+            raise e
+        return Refusal(f"the cache's disk is full: its index could not grow ({self._free()})")
 
     def _free(self) -> str:
         return f"{shutil.disk_usage(self.root).free / 1e6:.1f} MB free in {self.root}"

@@ -33,17 +33,16 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_c
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
 from google.api_core.exceptions import RetryError
 from google.api_core.retry_async import AsyncRetry
 
 from dataferry import aio
-from dataferry.cache.budget import ROOM_WAIT_S, Refusal
+from dataferry.cache.budget import Refusal
 from dataferry.cache.checksum import b64, combine, value
-from dataferry.cache.errors import CacheFolderError, ChecksumError, FillTimeout
-from dataferry.cache.fill import MIN_FILL_BYTES_PER_S, STALL_S, disk_full, source_blip
+from dataferry.cache.errors import FillTimeout
+from dataferry.cache.fill import MIN_FILL_BYTES_PER_S, STALL_S, Hashing, damage, damaged, disk_full, gave_up, source_blip
 from dataferry.cache.layout import printable
-from dataferry.sources import Attempts, Entry, Source, SourceError, where
+from dataferry.sources import Attempts, Entry, Source, where
 
 __all__ = ["BulkFilling", "Filled", "RANGE_MIN", "PART", "RANGES"]
 
@@ -69,27 +68,26 @@ def async_capable(source: Source) -> bool:
     return hasattr(source, "fetch_async")
 
 
-class _Part:
-    """Writes one byte range of a temp file in place, computing its CRC32C; refuses past the deadline."""
+class _WriteAt:
+    """Writes consecutive bytes from ``start`` of ``fd`` (``pwrite``: many ranges of one file at once)."""
 
-    def __init__(self, fd: int, start: int, end: int, deadline: float) -> None:
-        self.fd, self.start, self.end, self.deadline = fd, start, end, deadline
-        self.n, self.crc = 0, google_crc32c.Checksum()
+    def __init__(self, fd: int, start: int) -> None:
+        self.fd, self.at = fd, start
 
     def write(self, data: bytes) -> int:
-        if time.monotonic() > self.deadline:
-            raise FillTimeout(f"the deadline passed with {self.n} bytes of a range received")
-        view, at = memoryview(data), self.start + self.n
-        try:
-            while view:
-                written = os.pwrite(self.fd, view, at)
-                view, at = view[written:], at + written
-        except OSError as e:
-            raise CacheFolderError(e.errno, f"writing to the cache's disk failed ({e.strerror}): check the "
-                                            "disk, or use a cache folder on another one") from e
-        self.crc.update(data)
-        self.n += len(data)
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self.fd, view, self.at)
+            view, self.at = view[written:], self.at + written
         return len(data)
+
+
+class _Part(Hashing):
+    """One byte range of a temp file, written in place with its own CRC32C and the fill's deadline."""
+
+    def __init__(self, fd: int, start: int, end: int, deadline: float) -> None:
+        super().__init__(_WriteAt(fd, start), deadline)
+        self.start, self.end = start, end
 
 
 class _Pump:
@@ -284,22 +282,15 @@ class BulkFilling:
 
     async def _reserve_async(self, source: Source, entry: Entry, key: str) -> Refusal | None:
         """:meth:`_reserve` for a coroutine: the answer is awaited, and so is room held by others."""
-        if self.max_bytes is not None and entry.size > self.max_bytes:
-            return Refusal(f"the object is larger than the whole budget (max_bytes={self.max_bytes})")
-        deadline, pause = time.monotonic() + ROOM_WAIT_S, 0.05
-        while True:
-            now = time.time()
+        for pause in self._room_waits(entry):
             try:
-                refusal = await self._index.reserve_async((key, source.uri, printable(entry.name), entry.version,
-                                                           entry.size, self._pid, now, now))
+                refusal = await self._index.reserve_async(self._reservation(source, entry, key))
             except sqlite3.OperationalError as e:
-                if not disk_full(e):
-                    raise
-                return Refusal(f"the cache's disk is full: its index could not grow ({self._free()})")
-            if refusal is None or not refusal.transient or time.monotonic() > deadline:
+                refusal = self._index_full(e)
+            if refusal is None or not refusal.transient or pause is None:
                 return refusal
             await asyncio.sleep(pause)
-            pause = min(2 * pause, 1.0)
+        return self._too_big(entry)
 
     async def _durable(self) -> None:
         """Return once a ``syncfs`` of the cache's disk that began after this call has finished:
@@ -358,14 +349,10 @@ class BulkFilling:
             for part in parts[1:]:
                 crc, n = combine(crc, value(part.crc), part.n), n + part.n
             got = b64(crc)
-            if n != entry.size:
-                why = f"got {n} bytes, expected {entry.size}"
-            elif entry.crc32c and got != entry.crc32c:
-                why = f"crc32c {got}, expected {entry.crc32c}"
-            else:
+            why = damage(entry, n, got)
+            if not why:
                 return got
-        raise ChecksumError(f"{name}: {why} after {self.max_refetches + 1} downloads; "
-                            "the object or the connection is damaged. Nothing was cached.")
+        raise damaged(name, why, self.max_refetches + 1)
 
     async def _range(self, source: Source, entry: Entry, part: _Part, gate: asyncio.Semaphore | None,
                      limit: float, name: str) -> None:
@@ -396,11 +383,8 @@ class BulkFilling:
             try:
                 await AsyncRetry(predicate=source_blip, initial=0.1, maximum=5.0, multiplier=2.0, timeout=limit,
                                  on_error=on_error)(attempt)()
-            except RetryError as e:
-                raise SourceError(f"{attempts.gave_up(f'{name}: the source', e.cause)}; nothing was cached.") from e.cause
-            except FillTimeout as e:
-                gave_up = attempts.gave_up(f"{name}: the download did not finish", e, "within")
-                raise SourceError(f"{gave_up}; nothing was cached.") from e
+            except (RetryError, FillTimeout) as e:
+                raise gave_up(name, attempts, e) from (e.cause if isinstance(e, RetryError) else e)
 
 
 def _syncfs(folder: str) -> None:

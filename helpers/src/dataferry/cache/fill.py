@@ -81,6 +81,27 @@ def source_blip(exc: BaseException) -> bool:
     return not isinstance(exc, (CacheFolderError, FillTimeout)) and is_transient(exc)
 
 
+def damage(entry: Entry, n: int, crc: str) -> str:
+    """What is wrong with ``n`` bytes of checksum ``crc`` as a copy of ``entry`` ("" if nothing)."""
+    if n != entry.size:
+        return f"got {n} bytes, expected {entry.size}"
+    if entry.crc32c and crc != entry.crc32c:
+        return f"crc32c {crc}, expected {entry.crc32c}"
+    return ""
+
+
+def damaged(name: str, why: str, downloads: int) -> ChecksumError:
+    return ChecksumError(f"{name}: {why} after {downloads} downloads; the object or the connection is damaged. "
+                         "Nothing was cached.")
+
+
+def gave_up(name: str, attempts: Attempts, e: RetryError | FillTimeout) -> SourceError:
+    """The error of a download that kept failing (the retry deadline) or did not finish in time."""
+    if isinstance(e, RetryError):
+        return SourceError(f"{attempts.gave_up(f'{name}: the source', e.cause)}; nothing was cached.")
+    return SourceError(f"{attempts.gave_up(f'{name}: the download did not finish', e, 'within')}; nothing was cached.")
+
+
 class Filling:
     """The :class:`~dataferry.cache.Cache` methods that fill it."""
 
@@ -162,14 +183,10 @@ class Filling:
                 self._count(refetches=1)
             self._copy_with_retries(source, entry, writer, limit)
             got = b64(writer.crc)
-            if writer.n != entry.size:
-                why = f"got {writer.n} bytes, expected {entry.size}"
-            elif entry.crc32c and got != entry.crc32c:
-                why = f"crc32c {got}, expected {entry.crc32c}"
-            else:
+            why = damage(entry, writer.n, got)
+            if not why:
                 return got
-        raise ChecksumError(f"{where(source, printable(entry.name))}: {why} after {self.max_refetches + 1} downloads; "
-                            "the object or the connection is damaged. Nothing was cached.")
+        raise damaged(where(source, printable(entry.name)), why, self.max_refetches + 1)
 
     def _copy_with_retries(self, source: Source, entry: Entry, writer: Hashing, limit: float) -> None:
         attempts = Attempts()
@@ -188,14 +205,10 @@ class Filling:
                 else:  # a Source written before fetch() took a timeout: the writer still keeps the deadline
                     source.fetch(entry, writer, start=writer.n)
 
-        name = where(source, printable(entry.name))
         try:
             retry_policy(limit, on_error, predicate=source_blip)(attempt)()
-        except RetryError as e:
-            raise SourceError(f"{attempts.gave_up(f'{name}: the source', e.cause)}; nothing was cached.") from e.cause
-        except FillTimeout as e:
-            gave_up = attempts.gave_up(f"{name}: the download did not finish", e, "within")
-            raise SourceError(f"{gave_up}; nothing was cached.") from e
+        except (RetryError, FillTimeout) as e:
+            raise gave_up(where(source, printable(entry.name)), attempts, e) from (e.cause if isinstance(e, RetryError) else e)
 
     def _stream(self, source: Source, entry: Entry) -> bytes:
         warnings.warn(f"{where(source, printable(entry.name))} ({entry.size / 1e6:.1f} MB) does not fit in the cache "

@@ -92,3 +92,20 @@ def test_a_run_over_files_of_many_sizes_is_one_size_class(tmp_path):
     sizes = rows[rows["phase"] == "read"].groupby("file")["file_bytes"].first()
     assert set(plan.sizes.values()) <= set(sizes), "single reads keep their own file's size"
     assert len(aggregate) >= 6 and set(aggregate["file_bytes"]) == {round(sizes.sum() / len(sizes))}
+
+
+def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_bucket, tmp_path):
+    """The peer section of `make bench-cache` on small data: every method, dataferry's and the
+    peers' (gcsfs, transfer_manager, gcsfuse's file cache), reads all of the same objects, cold."""
+    from dataferry.lab.peers import DATAFERRY, PEERS, first_epochs, ratios
+
+    ds = plan_dataset(30, 20_000, prefix="peer", seed=6, shard_bytes=None).upload(lab_bucket)
+    runs = first_epochs(gcsfuse_lab, lab_bucket.name, "peer/files/", tmp_path / "work", PEERS + DATAFERRY,
+                        repeats=1, seed=3, say=lambda _: None)
+    for method, (run,) in runs.items():
+        assert (run["files"], run["bytes"]) == (30, ds.total_bytes), method
+        assert run["seconds"] > 0 and run["peak_rss_mib"] > 0
+    summary = ratios(runs)
+    assert summary["best_peer"] in PEERS
+    assert all(summary[f"{m}_vs_best_peer"] > 0 for m in DATAFERRY)
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("*.bin")), "nothing left behind"

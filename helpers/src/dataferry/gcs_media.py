@@ -12,6 +12,7 @@ This module imports no other dataferry module.
 from __future__ import annotations
 
 import asyncio
+import os
 import urllib.parse
 from typing import Any
 
@@ -24,6 +25,15 @@ _READ = 1 << 20
 _WRITE = 64 << 10  # packets are gathered up to this size before a write
 _sessions: dict[int, Any] = {}
 _refreshing: dict[int, asyncio.Lock] = {}
+
+
+def _forget_after_fork() -> None:
+    """A forked child has a loop of its own (:mod:`dataferry.aio`): the parent's sessions and locks are not its."""
+    _sessions.clear()
+    _refreshing.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _session() -> Any:

@@ -335,9 +335,9 @@ class BulkFilling:
                 self._count(refetches=1)
             parts = [_Part(fd, start, end, deadline) for start, end in bounds]
             if len(parts) == 1:
-                await self._range(source, entry, parts[0], None, limit, name)
+                await self._range(source, entry, parts[0], None, name)
             else:
-                tasks = [asyncio.ensure_future(self._range(source, entry, part, gate, limit, name)) for part in parts]
+                tasks = [asyncio.ensure_future(self._range(source, entry, part, gate, name)) for part in parts]
                 try:
                     await asyncio.gather(*tasks)
                 except BaseException:
@@ -355,7 +355,7 @@ class BulkFilling:
         raise damaged(name, why, self.max_refetches + 1)
 
     async def _range(self, source: Source, entry: Entry, part: _Part, gate: asyncio.Semaphore | None,
-                     limit: float, name: str) -> None:
+                     name: str) -> None:
         """One byte range, retried (resuming from the bytes it has) while the source blips."""
         attempts = Attempts()
 
@@ -370,8 +370,8 @@ class BulkFilling:
             want = part.end - part.start
             if part.n < want or want == 0:
                 try:  # the deadline holds however slowly bytes trickle in
-                    await asyncio.wait_for(source.fetch_async(entry, part, part.start + part.n, part.end,
-                                                              timeout=min(STALL_S, left)), left + 0.5)
+                    await _within(source.fetch_async(entry, part, part.start + part.n, part.end,
+                                                     timeout=min(STALL_S, left)), left + 0.5)
                 except asyncio.TimeoutError:
                     if time.monotonic() < part.deadline:
                         raise  # a stall, retried
@@ -381,10 +381,27 @@ class BulkFilling:
 
         async with gate or contextlib.nullcontext():
             try:
-                await AsyncRetry(predicate=source_blip, initial=0.1, maximum=5.0, multiplier=2.0, timeout=limit,
-                                 on_error=on_error)(attempt)()
+                try:
+                    return await attempt()  # most ranges need one attempt: no retry machinery for them
+                except Exception as e:  # noqa: BLE001 - a blip goes on to the retry policy, anything else is raised
+                    if not source_blip(e):
+                        raise
+                    on_error(e)
+                    if time.monotonic() >= part.deadline:
+                        raise RetryError("the deadline passed", e) from e
+                await AsyncRetry(predicate=source_blip, initial=0.1, maximum=5.0, multiplier=2.0,
+                                 timeout=max(part.deadline - time.monotonic(), 0.0), on_error=on_error)(attempt)()
             except (RetryError, FillTimeout) as e:
                 raise gave_up(name, attempts, e) from (e.cause if isinstance(e, RetryError) else e)
+
+
+async def _within(coro: Any, seconds: float) -> Any:
+    """``await coro``, cancelled after ``seconds`` (``asyncio.TimeoutError``): on Python 3.11+ with
+    ``asyncio.timeout``, which needs no extra task per call, as ``wait_for`` does."""
+    if not hasattr(asyncio, "timeout"):
+        return await asyncio.wait_for(coro, seconds)
+    async with asyncio.timeout(seconds):
+        return await coro
 
 
 def _syncfs(folder: str) -> None:

@@ -10,7 +10,7 @@ Two ways to use the cache, side by side::
     cache = Cache("/content/cache", max_bytes=40e9)      # local disk, verified, crash-safe
 
     # 1. stage everything, then train: one parallel pass over the bucket, then local-disk epochs
-    stage(source, cache, workers=32)
+    stage(source, cache)
     ds = CachedDataset(source, cache, decode=my_decode)
 
     # 2. cache on first read: epoch 1 reads through (prefetching ahead), later epochs are local
@@ -21,7 +21,8 @@ Stage first when the data fits on local disk and you want epoch 1 to run at full
 on first read when you want to start training at once, or the data only partly fits (the LRU
 budget keeps the most recently used part).
 
-Modules, lowest floor first: ``host`` (is a process alive, is this Colab), ``sources`` (where
+Modules, lowest floor first: ``host`` (is a process alive, is this Colab), ``aio`` (the
+process's download loop), ``gcs_media`` (GCS media downloads over aiohttp), ``sources`` (where
 bytes live), ``mounts`` (gcsfuse, Drive and the Colab helpers), ``runtime`` (what we run on,
 which region), ``cache`` (the local cache: a package, ``Cache`` its face), ``stage`` (parallel
 staging, prefetch), ``dataset`` (PyTorch), ``timing`` (cache-state control, timed reads, result

@@ -6,7 +6,7 @@ can resume. The version pins the bytes: a GCS generation, or size + mtime + inod
 a cache keyed by it never serves an object that has changed since.
 
 Names are untrusted input: a source refuses names that would leave its root.
-This module imports no other dataferry module.
+Of dataferry's modules it imports only its transport (``gcs_media``, ``aio``), lazily.
 """
 
 from __future__ import annotations

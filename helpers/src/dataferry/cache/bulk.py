@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import os
 import itertools
+import os
 import queue
 import sqlite3
 import time

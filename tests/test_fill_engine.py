@@ -136,3 +136,29 @@ def test_the_loop_and_reading_threads_download_each_object_once(lab, lab_env, la
     assert got == {name: ds.content(name) for name in ds.sizes}
     counts = lab.downloads(lab_bucket.name)
     assert len(counts) == 120 and set(counts.values()) == {1}, "one download per object, loop or thread"
+
+
+def test_the_parent_keeps_downloading_after_a_forked_child_reads_and_exits(lab, lab_env, lab_bucket, tmp_path):
+    """A forked child shares the parent's epoll set: if it closed the parent's pooled connections
+    (or loop) on its way out, the parent's next response would never arrive (a 30 s stall)."""
+    import gc
+
+    ds = plan_dataset(3, 10_000, prefix="f", seed=5, shard_bytes=None).upload(lab_bucket)
+    source = GCSSource(lab_bucket.name, "f/files/")
+    names = sorted(ds.sizes)
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    assert cache.read(source, names[0]) == ds.content(names[0])  # the loop and its connection pool exist
+    pid = os.fork()
+    if pid == 0:  # the child: reads on a loop of its own, collects what it inherited, exits
+        try:
+            ok = cache.read(source, names[1]) == ds.content(names[1])
+            gc.collect()
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    gc.collect()
+    t0 = time.monotonic()
+    assert cache.read(source, names[2]) == ds.content(names[2])
+    assert time.monotonic() - t0 < 5, "the parent's pooled connection still answers"
+    assert set(lab.downloads(lab_bucket.name).values()) == {1}

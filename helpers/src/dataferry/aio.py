@@ -74,8 +74,14 @@ def _close() -> None:
         pass
 
 
+_parents: list[Any] = []
+
+
 def _forget_after_fork() -> None:
+    """The parent's loop is kept, never used or closed, in the child: closing it there would
+    change the epoll set the child shares with the parent."""
     global _loop, _thread, _lock
+    _parents.append(_loop)
     _loop, _thread, _lock = None, None, threading.Lock()
     _closers.clear()
 

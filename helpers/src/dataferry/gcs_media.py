@@ -27,8 +27,15 @@ _sessions: dict[int, Any] = {}
 _refreshing: dict[int, asyncio.Lock] = {}
 
 
+_parents: list[Any] = []
+
+
 def _forget_after_fork() -> None:
-    """A forked child has a loop of its own (:mod:`dataferry.aio`): the parent's sessions and locks are not its."""
+    """A forked child has a loop of its own (:mod:`dataferry.aio`): the parent's sessions and locks
+    are not its. They are kept, never collected, in the child: closing their connections there
+    would take the sockets out of the epoll set the child shares with the parent, and the
+    parent's next response on them would never arrive."""
+    _parents.extend(_sessions.values())
     _sessions.clear()
     _refreshing.clear()
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 __all__ = ["Entry", "EntryTable", "Source", "LocalSource", "GCSSource", "from_uri", "SourceError", "NotFoundAtSource",
-           "ChangedAtSource", "is_transient", "retry_policy", "Attempts", "safe_name", "where", "DEFAULT_RETRY_DEADLINE_S"]
+           "ChangedAtSource", "fetches_async", "is_transient", "retry_policy", "Attempts", "safe_name", "where",
+           "DEFAULT_RETRY_DEADLINE_S"]
 
 CHUNK = 1 << 20
 DEFAULT_RETRY_DEADLINE_S = 120.0
@@ -117,6 +118,11 @@ class Source(Protocol):
         """Write the bytes of ``entry`` from offset ``start`` to ``out``; return how many were written.
         ``timeout`` bounds each network wait (connecting, and each gap between bytes: a stall).
         Raises :class:`ChangedAtSource` when that version is gone."""
+
+
+def fetches_async(source: Source) -> bool:
+    """Whether ``source`` offers ``fetch_async`` (a bucket): then many downloads share one event loop."""
+    return hasattr(source, "fetch_async")
 
 
 def where(source: Source, name: str) -> str:

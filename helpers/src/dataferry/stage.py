@@ -22,7 +22,7 @@ with warnings.catch_warnings():
     from tqdm.auto import tqdm
 
 from dataferry.cache import Cache
-from dataferry.sources import Entry, Source
+from dataferry.sources import Entry, Source, fetches_async
 
 __all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "BUCKET_IN_FLIGHT", "width_for", "shard_of"]
 
@@ -32,7 +32,7 @@ BUCKET_IN_FLIGHT = 256  # a bucket's downloads in flight at once: coroutines on 
 
 def width_for(source: Source) -> int:
     """How many fills :func:`stage` runs at once by default for ``source``."""
-    return BUCKET_IN_FLIGHT if hasattr(source, "fetch_async") else DEFAULT_WORKERS
+    return BUCKET_IN_FLIGHT if fetches_async(source) else DEFAULT_WORKERS
 
 
 def shard_of(name: str, world_size: int) -> int:

@@ -42,7 +42,7 @@ from dataferry.cache.checksum import b64, combine, value
 from dataferry.cache.errors import FillTimeout
 from dataferry.cache.fill import MIN_FILL_BYTES_PER_S, STALL_S, Hashing, damage, damaged, disk_full, gave_up, source_blip
 from dataferry.cache.layout import printable
-from dataferry.sources import Attempts, Entry, Source, where
+from dataferry.sources import Attempts, Entry, Source, fetches_async, where
 
 __all__ = ["BulkFilling", "Filled", "RANGE_MIN", "PART", "RANGES"]
 
@@ -62,10 +62,6 @@ class Filled:
     fetched: int = 0
     refusal: str = ""
     error: BaseException | None = None
-
-
-def async_capable(source: Source) -> bool:
-    return hasattr(source, "fetch_async")
 
 
 class _WriteAt:
@@ -135,7 +131,7 @@ class BulkFilling:
     def fill_many(self, source: Source, items: Iterable[Entry | str], width: int = 64) -> Iterator[Filled]:
         """Fill every item, ``width`` at a time, yielding a :class:`Filled` as each ends (in any
         order). ``items`` may be a stream (a listing): it is read as room frees up."""
-        if not async_capable(source):
+        if not fetches_async(source):
             yield from self._fill_many_threads(source, items, width)
             return
         done: queue.SimpleQueue = queue.SimpleQueue()
@@ -180,7 +176,7 @@ class BulkFilling:
         each with a list of (name, error) for the fills that failed: one for the whole batch on the
         download loop (one hand-over to it, not one per item), one per item on a small pool of
         this process's threads for a source without ``fetch_async``."""
-        if async_capable(source):
+        if fetches_async(source):
             return [aio.submit(self._fill_all_async(source, list(items)))]
         with self._mutex:
             if self._fill_threads is None:

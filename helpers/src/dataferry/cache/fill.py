@@ -27,7 +27,7 @@ from dataferry import aio
 from dataferry.cache.checksum import b64
 from dataferry.cache.errors import CacheFolderError, CacheFullWarning, ChecksumError, FillTimeout
 from dataferry.cache.layout import printable
-from dataferry.sources import Attempts, Entry, Source, SourceError, is_transient, retry_policy, where
+from dataferry.sources import Attempts, Entry, Source, SourceError, fetches_async, is_transient, retry_policy, where
 
 __all__ = ["Filling", "Hashing", "disk_full", "STALL_S"]
 
@@ -157,7 +157,7 @@ class Filling:
         t0 = time.perf_counter()
         try:
             with open(tmp, "wb") as f:
-                if hasattr(source, "fetch_async"):  # on the download loop, a large object in ranges
+                if fetches_async(source):  # on the download loop, a large object in ranges
                     crc = aio.run(self._download_async(source, entry, f.fileno()))
                 else:
                     crc = self._download(source, entry, f)

@@ -469,6 +469,12 @@ def test_a_failed_index_batch_loses_no_unrelated_update_and_a_dead_writer_is_an_
     with pytest.raises(RuntimeError, match="index writer .* stopped"):
         writer._wait(queued)
     assert time.monotonic() - t0 < 10, "no wait forever on a dead writer"
+    from dataferry import aio
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="index writer .* stopped"):
+        aio.run(writer.reserve_async(("row",)))  # the download loop's kind of request, too
+    assert time.monotonic() - t0 < 10, "no wait forever on a dead writer from the download loop"
     (tmp_path / "src" / "later.bin").write_bytes(b"l" * 100)
     assert cache.read(source, "later.bin") == b"l" * 100, "later fills get a new writer"
     cache._flush()

@@ -17,7 +17,6 @@ import sqlite3
 import threading
 import weakref
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +102,8 @@ class IndexWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._later: list = []  # finished fills and cancellations a full disk refused: tried with the next batch
         self._outbox: list = []  # writes of the download loop's current turn
+        self._gate = threading.Lock()
+        self._stopped = False  # set (under the gate) as the thread ends: later requests fail at once
         self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
         self._thread.start()
 
@@ -112,17 +113,11 @@ class IndexWriter:
         return self._wait(fut)
 
     async def reserve_async(self, row: tuple) -> Any:
-        """:meth:`reserve` for a coroutine on the download loop."""
-        fut: Future = Future()
+        """:meth:`reserve` for a coroutine on the download loop. The answers of one batch come
+        back to the loop in one hand-over; a writer that has stopped fails it at once."""
+        fut = asyncio.get_running_loop().create_future()
         self._put("reserve", row, fut)
-        answer = asyncio.wrap_future(fut)
-        while True:
-            try:
-                return await asyncio.wait_for(asyncio.shield(answer), 1.0)
-            except asyncio.TimeoutError:
-                if not self._thread.is_alive():
-                    raise RuntimeError("the cache's index writer thread stopped before answering; "
-                                       "try again (a new one starts)") from None
+        return await fut
 
     def ready(self, crc: str, when: float, key: str) -> None:
         self._put("ready", (crc, when, key))
@@ -144,7 +139,7 @@ class IndexWriter:
         this thread, not one per fill)."""
         item = (kind, args, fut, self._cache_ref())
         if threading.current_thread().name != "dataferry-aio":
-            self._queue.put(item)
+            self._enqueue(item)
             return
         if not self._outbox:
             asyncio.get_running_loop().call_soon(self._send_outbox)
@@ -152,23 +147,41 @@ class IndexWriter:
 
     def _send_outbox(self) -> None:
         items, self._outbox = self._outbox, []
-        self._queue.put(("many", items, None, None))
+        self._enqueue(("many", items, None, None))
+
+    def _enqueue(self, item: tuple) -> None:
+        with self._gate:
+            if not self._stopped:
+                self._queue.put(item)
+                return
+        _settle(_flat([item]), _stopped_error())
+
+    def _stop_taking(self) -> None:
+        """As the thread ends: fail what is queued and everything asked from now on."""
+        with self._gate:
+            self._stopped = True
+        left = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                left.append(self._queue.get_nowait())
+        _settle(_flat(left) + self._later, _stopped_error())
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def _wait(self, fut: Future) -> Any:
-        """The answer to a request; an error, not a wait forever, if the writer thread has died."""
-        while True:
-            try:
-                return fut.result(timeout=1.0)
-            except FutureTimeout:
-                if not self._thread.is_alive():
-                    raise RuntimeError("the cache's index writer thread stopped before answering; "
-                                       "try again (a new one starts)") from None
+    @staticmethod
+    def _wait(fut: Future) -> Any:
+        """The answer to a request (a writer that stops fails the requests it has not answered)."""
+        return fut.result()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._stop_taking()
+
+    def _serve(self) -> None:
         cache = self._cache_ref()
         if cache is None:
             return
@@ -187,8 +200,7 @@ class IndexWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            batch = [one for item in batch for one in (item[1] if item[0] == "many" else (item,))]
-            batch, self._later = self._later + batch, []
+            batch, self._later = self._later + _flat(batch), []
             stop = any(item[0] == "stop" for item in batch)
             cache = self._cache_ref()  # alive: every queued item holds it
             try:
@@ -211,9 +223,7 @@ class IndexWriter:
             if len(batch) == 1 or cache is None:
                 if batch[0][0] in ("ready", "forget") and disk_full(e):
                     self._later += batch  # the disk may have room again by the next batch
-                for _, _, fut, _ in batch:
-                    if fut is not None and not fut.done():
-                        fut.set_exception(e)
+                _settle(batch, e)
                 return
         for item in batch:
             self._commit(cache, db, [item])
@@ -230,10 +240,16 @@ class IndexWriter:
         return answers
 
     @staticmethod
-    def _answer(answers: list[tuple[Future, Any]]) -> None:
+    def _answer(answers: list[tuple[Any, Any]]) -> None:
+        """Set each future's answer: a thread's at once, the download loop's in one hand-over per loop."""
+        on_loops: dict[asyncio.AbstractEventLoop, list] = {}
         for fut, answer in answers:
-            if not fut.done():
+            if isinstance(fut, asyncio.Future):
+                on_loops.setdefault(fut.get_loop(), []).append((fut, answer, None))
+            elif not fut.done():
                 fut.set_result(answer)
+        for loop, settled in on_loops.items():
+            _hand_over(loop, settled)
 
     @staticmethod
     def _apply(cache: Cache, db: sqlite3.Connection, batch: list, doomed: list) -> list[tuple[Future, Any]]:
@@ -250,3 +266,38 @@ class IndexWriter:
         answers: list[tuple[Future, Any]] = [(fut, None) for kind, _, fut, _ in batch if kind == "flush"]
         wants = [(args, fut) for kind, args, fut, _ in batch if kind == "reserve"]
         return answers + (cache._decide(db, wants, doomed) if wants else [])
+
+
+def _flat(items: list) -> list:
+    return [one for item in items for one in (item[1] if item[0] == "many" else (item,))]
+
+
+def _stopped_error() -> RuntimeError:
+    return RuntimeError("the cache's index writer thread stopped before answering; try again (a new one starts)")
+
+
+def _settle(items: list, error: BaseException) -> None:
+    """Fail the futures of ``items`` (queued requests) with ``error``."""
+    on_loops: dict[asyncio.AbstractEventLoop, list] = {}
+    for _, _, fut, _ in items:
+        if isinstance(fut, asyncio.Future):
+            on_loops.setdefault(fut.get_loop(), []).append((fut, None, error))
+        elif fut is not None and not fut.done():
+            fut.set_exception(error)
+    for loop, settled in on_loops.items():
+        _hand_over(loop, settled)
+
+
+def _hand_over(loop: asyncio.AbstractEventLoop, settled: list) -> None:
+    with contextlib.suppress(RuntimeError):  # a closed loop has no one left waiting
+        loop.call_soon_threadsafe(_set_all, settled)
+
+
+def _set_all(settled: list) -> None:
+    for fut, answer, error in settled:
+        if fut.done():
+            continue
+        if error is None:
+            fut.set_result(answer)
+        else:
+            fut.set_exception(error)

@@ -162,3 +162,23 @@ def test_the_parent_keeps_downloading_after_a_forked_child_reads_and_exits(lab, 
     assert cache.read(source, names[2]) == ds.content(names[2])
     assert time.monotonic() - t0 < 5, "the parent's pooled connection still answers"
     assert set(lab.downloads(lab_bucket.name).values()) == {1}
+
+
+def test_a_listed_generation_fills_even_after_an_overwrite_in_a_versioned_bucket(lab_env, lab_bucket, tmp_path):
+    """Downloads ask for the live object on condition that it is still the listed generation
+    (cheap for any server); when it is not, the listed generation by number: in a versioned
+    bucket the old bytes are still there, and they are the ones the listing promised."""
+    lab_bucket.versioning_enabled = True
+    lab_bucket.patch()
+    for i in range(3):
+        lab_bucket.blob(f"v/{i}.bin").upload_from_string(b"first %d" % i * 1000)
+    source = GCSSource(lab_bucket.name, "v")
+    listed = sorted(source.list(), key=lambda e: e.name)
+    for i in range(3):
+        lab_bucket.blob(f"v/{i}.bin").upload_from_string(b"second")
+    cache = Cache(tmp_path / "c")
+    assert cache.read(source, listed[0]) == b"first 0" * 1000, "one read: the listed generation's bytes"
+    filled = {f.name: f for f in cache.fill_many(source, listed[1:])}
+    assert all(f.error is None and f.fetched == f.size for f in filled.values()), filled
+    assert [cache.read(source, e) for e in listed] == [b"first %d" % i * 1000 for i in range(3)]
+    assert cache.read(source, "0.bin") == b"second", "by name: the current generation"

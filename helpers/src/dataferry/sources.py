@@ -441,9 +441,10 @@ class GCSSource:
         return counter.n
 
     async def fetch_async(self, entry: Entry, out: BinaryIO, start: int = 0, end: int | None = None,
-                          timeout: float | None = None) -> int:
+                          timeout: float | None = None, total: float | None = None) -> int:
         """:meth:`fetch` as a coroutine, of bytes ``start``..``end`` (exclusive), over aiohttp
-        (:func:`dataferry.gcs_media.media_get`): hundreds in flight on one thread."""
+        (:func:`dataferry.gcs_media.media_get`): hundreds in flight on one thread. ``timeout``
+        bounds each wait for bytes, ``total`` the whole call (``TimeoutError``)."""
         from google.api_core.exceptions import NotFound
 
         from dataferry.gcs_media import media_get
@@ -453,7 +454,7 @@ class GCSSource:
             return 0
         try:
             return await media_get(self._client_here(), self.bucket, self.prefix + entry.name, entry.version, out,
-                                   start, end if end < entry.size else None, timeout)
+                                   start, end if end < entry.size else None, timeout, total)
         except NotFound:
             raise ChangedAtSource(
                 f"{where(self, entry.name)} generation {entry.version} is gone: the object changed or was deleted "

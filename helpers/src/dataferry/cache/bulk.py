@@ -323,24 +323,15 @@ class BulkFilling:
         deadline = time.monotonic() + limit
         step = PART if entry.size >= RANGE_MIN else max(entry.size, 1)
         bounds = [(start, min(start + step, entry.size)) for start in range(0, max(entry.size, 1), step)]
-        gate = asyncio.Semaphore(RANGES)
-        name = where(source, printable(entry.name))
         for attempt in range(self.max_refetches + 1):
             if attempt:
                 os.ftruncate(fd, 0)
                 self._count(refetches=1)
             parts = [_Part(fd, start, end, deadline) for start, end in bounds]
             if len(parts) == 1:
-                await self._range(source, entry, parts[0], None, name)
+                await self._range(source, entry, parts[0])
             else:
-                tasks = [asyncio.ensure_future(self._range(source, entry, part, gate, name)) for part in parts]
-                try:
-                    await asyncio.gather(*tasks)
-                except BaseException:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-                    raise
+                await self._ranges(source, entry, parts)
             n, crc = parts[0].n, value(parts[0].crc)
             for part in parts[1:]:
                 crc, n = combine(crc, value(part.crc), part.n), n + part.n
@@ -348,56 +339,71 @@ class BulkFilling:
             why = damage(entry, n, got)
             if not why:
                 return got
-        raise damaged(name, why, self.max_refetches + 1)
+        raise damaged(where(source, printable(entry.name)), why, self.max_refetches + 1)
 
-    async def _range(self, source: Source, entry: Entry, part: _Part, gate: asyncio.Semaphore | None,
-                     name: str) -> None:
-        """One byte range, retried (resuming from the bytes it has) while the source blips."""
+    async def _ranges(self, source: Source, entry: Entry, parts: list[_Part]) -> None:
+        """The parts of a large object, ``RANGES`` at a time; the first to fail cancels the rest."""
+        gate = asyncio.Semaphore(RANGES)
+
+        async def one(part: _Part) -> None:
+            async with gate:
+                await self._range(source, entry, part)
+
+        tasks = [asyncio.ensure_future(one(part)) for part in parts]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def _range(self, source: Source, entry: Entry, part: _Part) -> None:
+        """One byte range, retried (resuming from the bytes it has) while the source blips. Most
+        ranges need one attempt: the retry machinery is made only for those that do not."""
         attempts = Attempts()
+        try:
+            return await _attempt(source, entry, part)
+        except FillTimeout as e:
+            raise gave_up(where(source, printable(entry.name)), attempts, e) from e
+        except Exception as e:  # noqa: BLE001 - a blip goes on to the retry policy, anything else is raised
+            if not source_blip(e):
+                raise
+            first = e
 
         def on_error(exc: BaseException) -> None:
             attempts(exc)
             self._count(retries=1)
 
-        async def attempt() -> None:
-            left = part.deadline - time.monotonic()
-            if left <= 0:
-                raise FillTimeout(f"the deadline passed with {part.n} bytes of a range received")
-            want = part.end - part.start
-            if part.n < want or want == 0:
-                try:  # the deadline holds however slowly bytes trickle in
-                    await _within(source.fetch_async(entry, part, part.start + part.n, part.end,
-                                                     timeout=min(STALL_S, left)), left + 0.5)
-                except asyncio.TimeoutError:
-                    if time.monotonic() < part.deadline:
-                        raise  # a stall, retried
-                    raise FillTimeout(f"the deadline passed with {part.n} bytes of a range received") from None
-                if part.n < want:
-                    raise ConnectionError(f"the connection closed after {part.n} of {want} bytes")
-
-        async with gate or contextlib.nullcontext():
-            try:
-                try:
-                    return await attempt()  # most ranges need one attempt: no retry machinery for them
-                except Exception as e:  # noqa: BLE001 - a blip goes on to the retry policy, anything else is raised
-                    if not source_blip(e):
-                        raise
-                    on_error(e)
-                    if time.monotonic() >= part.deadline:
-                        raise RetryError("the deadline passed", e) from e
-                await AsyncRetry(predicate=source_blip, initial=0.1, maximum=5.0, multiplier=2.0,
-                                 timeout=max(part.deadline - time.monotonic(), 0.0), on_error=on_error)(attempt)()
-            except (RetryError, FillTimeout) as e:
-                raise gave_up(name, attempts, e) from (e.cause if isinstance(e, RetryError) else e)
+        on_error(first)
+        try:
+            if time.monotonic() >= part.deadline:
+                raise RetryError("the deadline passed", first) from first
+            await AsyncRetry(predicate=source_blip, initial=0.1, maximum=5.0, multiplier=2.0,
+                             timeout=max(part.deadline - time.monotonic(), 0.0), on_error=on_error)(_attempt)(
+                source, entry, part)
+        except (RetryError, FillTimeout) as e:
+            raise gave_up(where(source, printable(entry.name)), attempts, e) from (
+                e.cause if isinstance(e, RetryError) else e)
 
 
-async def _within(coro: Any, seconds: float) -> Any:
-    """``await coro``, cancelled after ``seconds`` (``asyncio.TimeoutError``): on Python 3.11+ with
-    ``asyncio.timeout``, which needs no extra task per call, as ``wait_for`` does."""
-    if not hasattr(asyncio, "timeout"):
-        return await asyncio.wait_for(coro, seconds)
-    async with asyncio.timeout(seconds):
-        return await coro
+async def _attempt(source: Source, entry: Entry, part: _Part) -> None:
+    """One request for the bytes of ``part`` it does not have yet; the deadline holds however
+    slowly bytes trickle in."""
+    left = part.deadline - time.monotonic()
+    if left <= 0:
+        raise FillTimeout(f"the deadline passed with {part.n} bytes of a range received")
+    want = part.end - part.start
+    if part.n < want or want == 0:
+        try:
+            await source.fetch_async(entry, part, part.start + part.n, part.end, timeout=min(STALL_S, left),
+                                     total=left + 0.5)
+        except TimeoutError:
+            if time.monotonic() < part.deadline:
+                raise  # a stall, retried
+            raise FillTimeout(f"the deadline passed with {part.n} bytes of a range received") from None
+        if part.n < want:
+            raise ConnectionError(f"the connection closed after {part.n} of {want} bytes")
 
 
 def _syncfs(folder: str) -> None:

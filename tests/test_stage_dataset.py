@@ -4,6 +4,8 @@ import json
 import pickle
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -73,20 +75,62 @@ def test_two_ranks_under_torchrun_on_gloo(dataset, tmp_path):
     assert [g["fetched"] for g in gathered] == [len(a), len(b)]
 
 
-def test_prefetcher_keeps_between_half_and_all_of_ahead_queued_in_batches(dataset, tmp_path):
+def test_prefetcher_fills_up_to_ahead_past_the_reader(dataset, tmp_path):
     ds, source = dataset
     order = sorted(source.list(), key=lambda e: e.name)
     cache = Cache(tmp_path / "c")
-    pf = Prefetcher(source, cache, order, ahead=10)
+    pf = Prefetcher(source, cache, order, ahead=10, width=4)
     pf.advance(0)
-    pf.advance(5)  # still ahead / 2 queued ahead of the reader: nothing more yet
     pf.wait()
     assert [cache.contains(source, e) for e in order] == [True] * 10 + [False] * 38
-    pf.advance(6)  # fewer: topped up to 6 + 10 in one batch
+    pf.advance(6)
     pf.wait()
     pf.close()
     assert [cache.contains(source, e) for e in order] == [True] * 16 + [False] * 32
     assert pf.errors == []
+
+
+class _Gated(LocalSource):
+    """A folder whose first object waits for a gate; it counts the fetches running at once."""
+
+    def __init__(self, root, slow: str) -> None:
+        super().__init__(root)
+        self.slow, self.gate, self.lock = slow, threading.Event(), threading.Lock()
+        self.running = self.most = 0
+
+    def fetch(self, entry, out, start=0, timeout=None):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            if entry.name == self.slow:
+                assert self.gate.wait(30)
+            time.sleep(0.01)
+            return super().fetch(entry, out, start, timeout)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_prefetcher_keeps_width_fills_going_past_a_slow_one_while_the_reader_waits(tmp_path):
+    """One slow object holds one of ``width`` slots: the others keep filling up to ``ahead``
+    past the reader, without the reader moving, and never more than ``width`` at once."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(40):
+        (root / f"{i:02d}.bin").write_bytes(b"x" * 100)
+    source = _Gated(root, slow="00.bin")
+    order = sorted(source.list(), key=lambda e: e.name)
+    cache = Cache(tmp_path / "c")
+    with Prefetcher(source, cache, order, ahead=24, width=3) as pf:
+        deadline = time.monotonic() + 30
+        while sum(cache.contains(source, e) for e in order[1:24]) < 23 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        filled = [cache.contains(source, e) for e in order]
+        source.gate.set()
+    assert filled == [False] + [True] * 23 + [False] * 16, "all but the slow one, up to ahead past the reader"
+    assert source.most == 3, f"{source.most} fills at once for width 3"
+    assert pf.errors == [] and cache.contains(source, order[0])
 
 
 def test_dataset_reads_through_cache_with_prefetching_sampler(lab, dataset, tmp_path):

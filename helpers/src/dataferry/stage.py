@@ -2,7 +2,7 @@
 
 ``stage`` copies a whole source (or a list of names) into a cache with many threads, so
 per-request latency overlaps; with ``rank``/``world_size`` each of N processes stages its share.
-``Prefetcher`` fills the next K items of a known order in the background while a reader works.
+``Prefetcher`` fills the items of a known order ahead of a reader in the background.
 """
 
 from __future__ import annotations
@@ -121,53 +121,81 @@ def stage(
 
 
 class Prefetcher:
-    """Keeps the next ``ahead`` entries of ``order`` (default :func:`width_for` the source) being
-    filled into ``cache`` in the background.
+    """Fills the entries of ``order`` ahead of a reader in the background: at most ``width``
+    fills at once (default :func:`width_for` the source), never more than ``ahead`` positions
+    past the reader (default four times ``width``).
 
     Call :meth:`advance` with the reader's position (or let :class:`~dataferry.CachedDataset`'s
-    prefetching sampler do it); reads of prefetched items are cache hits, and a read of an item
-    still downloading waits for that one download instead of starting a second.
+    prefetching sampler do it). Fills are queued in small batches, and a batch that finishes
+    queues the next one at once, so one slow object holds one slot, not the reader's whole
+    window: reads of prefetched items are cache hits, and a read of an item still downloading
+    waits for that one download instead of starting a second.
     """
 
-    def __init__(self, source: Source, cache: Cache, order: Sequence[Entry], ahead: int | None = None) -> None:
-        self.source, self.cache, self.order, self.ahead = source, cache, order, ahead or width_for(source)
+    def __init__(self, source: Source, cache: Cache, order: Sequence[Entry], ahead: int | None = None,
+                 width: int | None = None) -> None:
+        self.source, self.cache, self.order = source, cache, order
+        self.width = width or min(width_for(source), ahead or width_for(source))
+        self.ahead = ahead or 4 * self.width
+        self._batch = max(self.width // 8, 1)
         self._closed = False
-        self._next = 0
-        self._lock = threading.Lock()
+        self._next = self._position = self._in_flight = 0
+        self._lock = threading.RLock()  # a batch already done runs its callback inside add_done_callback
+        self._topping = False
         self._futures: deque[Future] = deque()  # the fills in flight, not the epoch's
         self.errors: list[tuple[str, str]] = []
 
-    def _failed(self, fut: Future) -> None:
-        """Note what failed (the reader's own read raises it properly)."""
-        if fut.cancelled():
-            return
-        if fut.exception() is not None:
-            e = fut.exception()
-            self.errors.append(("(a batch)", f"{e.__class__.__name__}: {e}"))
-            return
-        self.errors.extend((name, f"{e.__class__.__name__}: {e}") for name, e in fut.result())
-
     def advance(self, position: int) -> None:
-        """The reader is at ``position`` in ``order``: once fewer than ``ahead / 2`` items ahead of
-        it are queued, queue up to ``position + ahead`` (in one batch, not one by one)."""
+        """The reader is at ``position`` in ``order``: queue what the window now allows."""
         with self._lock:
-            if self._closed or self._next >= min(len(self.order), position + max(self.ahead // 2, 1)):
-                return
-            stop = min(len(self.order), position + self.ahead)
-            batch = [self.order[i] for i in range(self._next, stop)]
-            self._next = stop
-            for fut in self.cache.fill_later(self.source, batch):
-                fut.add_done_callback(self._failed)
-                self._futures.append(fut)
+            self._position = max(self._position, position)
+            self._top_up()
+
+    def _top_up(self) -> None:
+        """Queue batches (under the lock) while fewer than ``width`` fills are in flight. A batch
+        that is done at once calls back in here: it only frees its slots, and this loop goes on."""
+        if self._topping:
+            return
+        self._topping = True
+        try:
+            self._next = max(self._next, self._position)  # what the reader has passed, it read itself
+            stop = min(len(self.order), self._position + self.ahead)
+            while not self._closed and self._next < stop and self._in_flight < self.width:
+                end = min(stop, self._next + self._batch, self._next + self.width - self._in_flight)
+                batch = [self.order[i] for i in range(self._next, end)]
+                self._next = end
+                futures = self.cache.fill_later(self.source, batch)
+                share = len(batch) // len(futures)
+                self._in_flight += share * len(futures)
+                for fut in futures:
+                    self._futures.append(fut)
+                    fut.add_done_callback(lambda fut, share=share: self._finished(fut, share))
             self._prune()
+        finally:
+            self._topping = False
+
+    def _finished(self, fut: Future, share: int) -> None:
+        """A batch ended (on the thread that ran it): note what failed (the reader's own read
+        raises it properly) and queue more."""
+        with self._lock:
+            self._in_flight -= share
+            if not fut.cancelled():
+                if fut.exception() is not None:
+                    e = fut.exception()
+                    self.errors.append(("(a batch)", f"{e.__class__.__name__}: {e}"))
+                else:
+                    self.errors.extend((name, f"{e.__class__.__name__}: {e}") for name, e in fut.result())
+            self._top_up()
 
     def wait(self) -> None:
-        """Block until every queued fill has finished."""
-        with self._lock:
-            futures = list(self._futures)
-        wait(futures)
-        with self._lock:
-            self._prune()
+        """Block until nothing is in flight: every fill the reader's position allows is done."""
+        while True:
+            with self._lock:
+                self._prune()
+                futures = [fut for fut in self._futures if not fut.done()]
+            if not futures:
+                return
+            wait(futures)
 
     def _prune(self) -> None:
         """Forget finished fills (under the lock): only those in flight are kept."""
@@ -188,4 +216,5 @@ class Prefetcher:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Prefetcher {self._next}/{len(self.order)} queued, ahead={self.ahead}, errors={len(self.errors)}>"
+        return (f"<Prefetcher {self._next}/{len(self.order)} queued, {self._in_flight} in flight, "
+                f"width={self.width}, ahead={self.ahead}, errors={len(self.errors)}>")

@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from dataferry.timing import drop_caches
+
 __all__ = ["PEERS", "DATAFERRY", "WIDTH", "first_epochs", "ratios"]
 
 WIDTH = 32  # the reader width every pooled method gets (dataferry's default staging width)
@@ -121,12 +123,13 @@ def _child(method: str, bucket: str, prefix: str, work: str) -> dict[str, Any]:
         epoch = _gcsfuse_read(work, prefix)
     else:
         epoch = _dataferry(bucket, prefix, work, method.removeprefix("dataferry-"))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), os.times()
     files, n = epoch()
-    seconds = time.perf_counter() - t0
+    seconds, cpu1 = time.perf_counter() - t0, os.times()
     # VmHWM, not ru_maxrss: the latter keeps the parent's size from before exec.
     hwm = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1])
-    return {"seconds": seconds, "bytes": n, "files": files, "peak_rss_mib": hwm / 1024}
+    cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    return {"seconds": seconds, "bytes": n, "files": files, "peak_rss_mib": hwm / 1024, "cpu_s": cpu_s}
 
 
 def first_epoch(lab: Any, method: str, bucket: str, prefix: str, work: Path) -> dict[str, Any]:
@@ -136,6 +139,7 @@ def first_epoch(lab: Any, method: str, bucket: str, prefix: str, work: Path) -> 
     mount = lab.mount(bucket, file_cache=True) if method == "gcsfuse-file-cache" else None
     try:
         where = str(mount.mountpoint) if mount else str(work)
+        dropped = drop_caches(3)  # the last method's writes flushed, and nothing of it left in memory
         out = subprocess.run([sys.executable, "-m", "dataferry.lab.peers", method, bucket, prefix, where],
                              env={**os.environ, **lab.env()}, capture_output=True, text=True, timeout=1800)
     finally:
@@ -144,7 +148,7 @@ def first_epoch(lab: Any, method: str, bucket: str, prefix: str, work: Path) -> 
         shutil.rmtree(work, ignore_errors=True)
     if out.returncode != 0:
         raise RuntimeError(f"{method} failed: {out.stderr.strip()[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "page_cache_dropped": dropped}
 
 
 def first_epochs(lab: Any, bucket: str, prefix: str, work: Path, methods: tuple[str, ...], repeats: int,
@@ -159,7 +163,8 @@ def first_epochs(lab: Any, bucket: str, prefix: str, work: Path, methods: tuple[
             run = first_epoch(lab, method, bucket, prefix, work / method)
             runs[method].append(run)
             say(f"    {rep + 1}/{repeats} {method:26s} {run['seconds']:6.2f} s  "
-                f"{run['bytes'] / run['seconds'] / 1e6:7.1f} MB/s  peak RSS {run['peak_rss_mib']:.0f} MiB")
+                f"{run['bytes'] / run['seconds'] / 1e6:7.1f} MB/s  CPU {run['cpu_s']:5.2f} s  "
+                f"peak RSS {run['peak_rss_mib']:.0f} MiB")
     return runs
 
 

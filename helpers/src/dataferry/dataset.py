@@ -66,9 +66,10 @@ class CachedDataset(Dataset):
         return self.decode(data) if self.decode is not None else data
 
     def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> PrefetchingSampler:
-        """Wrap ``sampler`` so that, as the DataLoader draws indices, the next ``ahead`` samples
-        (default: 256 from a bucket, 32 from a folder) are fetched into the cache in the background
-        by the main process (a bucket's on its download loop, a folder's on a few threads)."""
+        """Wrap ``sampler`` so that, as the DataLoader draws indices, samples up to ``ahead`` past
+        the one drawn are fetched into the cache in the background by the main process, at most
+        256 at once from a bucket (on its download loop), 32 from a folder (on a few threads);
+        ``ahead`` defaults to four times that (see :class:`~dataferry.Prefetcher`)."""
         return PrefetchingSampler(self, sampler, ahead)
 
     @property
@@ -81,7 +82,7 @@ class CachedDataset(Dataset):
 
 
 class PrefetchingSampler(Sampler[int]):
-    """Yields the wrapped sampler's indices while keeping the next ``ahead`` of them being fetched."""
+    """Yields the wrapped sampler's indices while the ones up to ``ahead`` past the reader are fetched."""
 
     def __init__(self, dataset: CachedDataset, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> None:
         self.dataset, self.sampler, self.ahead = dataset, sampler, ahead

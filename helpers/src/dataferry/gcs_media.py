@@ -6,7 +6,8 @@ the client's own endpoint (``STORAGE_EMULATOR_HOST`` in the lab) and credentials
 thread when they expire; anonymous ones add nothing), bytes exactly as stored (no transcoding).
 One attempt per call: errors come back as google-api-core's HTTP exceptions, or a builtin
 ``ConnectionError`` / ``TimeoutError`` for the link, so the caller's retry policy decides.
-This module imports no other dataferry module.
+It is imported only when a download starts (aiohttp is not loaded by ``import dataferry``);
+of dataferry's modules it imports only :mod:`dataferry.aio`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import os
 import time
 import urllib.parse
 from typing import Any
+
+import aiohttp
+import yarl
+from google.api_core import exceptions
 
 from dataferry import aio
 
@@ -45,8 +50,6 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _session() -> Any:
-    import aiohttp
-
     loop = asyncio.get_running_loop()
     session = _sessions.get(id(loop))
     if session is None or session.closed:
@@ -94,20 +97,15 @@ async def media_get(client: Any, bucket: str, name: str, generation: str, out: A
     await _authorize(client._credentials, path, headers)
     began = time.monotonic()
     n = await _get(f"{path}&ifGenerationMatch={generation}", generation, headers, out, timeout, total)
-    if n is None:
-        left = None if total is None else max(total - (time.monotonic() - began), 0.001)
-        n = await _get(f"{path}&generation={generation}", None, headers, out, timeout, left)
-    assert n is not None
-    return n
+    if n is not None:
+        return n
+    left = None if total is None else max(total - (time.monotonic() - began), 0.001)
+    return await _get(f"{path}&generation={generation}", None, headers, out, timeout, left) or 0
 
 
 async def _get(url: str, generation: str | None, headers: dict[str, str], out: Any, timeout: float | None,
                total: float | None) -> int | None:
     """One GET into ``out``; None, before any byte is written, when the live object is not ``generation``."""
-    import aiohttp
-    import yarl
-    from google.api_core import exceptions
-
     limits = aiohttp.ClientTimeout(total=total, sock_connect=timeout, sock_read=timeout)
     n = 0
     try:  # the URL is quoted already: not parsed and re-quoted per request

@@ -1,0 +1,74 @@
+"""The training-loop emulator: accelerator utilisation from real DataLoader workers and a compute step."""
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from dataferry.feed import PROFILES, ComputeProfile, EmulatedCompute, feed, image_sample  # noqa: E402
+
+
+class SlowSamples(Dataset):
+    """Each sample costs ``delay_s`` of a worker's time (a stand-in for a read that waits on the network)."""
+
+    def __init__(self, n: int, delay_s: float) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(self.delay_s)
+        return i
+
+
+def steady_au(report) -> float:
+    """AU without the first step, whose wait includes starting the workers."""
+    return report.compute_s / (report.wall_s - report.waits_s[0])
+
+
+@pytest.mark.parametrize("compute_s, expected", [(0.02, 0.5), (0.08, 1.0)], ids=["loader-bound", "compute-bound"])
+def test_au_is_compute_over_the_slower_of_loader_and_compute_with_worker_processes(compute_s, expected):
+    batch, per_sample, workers = 4, 0.02, 2
+    loader_s = batch * per_sample / workers  # two workers each make a batch in 0.08 s: one every 0.04 s
+    ds = SlowSamples(batch * 30, per_sample)
+    loader = DataLoader(ds, batch_size=batch, num_workers=workers, persistent_workers=True)
+    profile = ComputeProfile("test", "none", "sleep", batch / compute_s, batch, "this test")
+    (first, second) = feed(loader, EmulatedCompute(profile), epochs=2)
+    assert compute_s / max(compute_s, loader_s) == expected
+    for report in (first, second):
+        assert report.steps == 30 and report.samples == batch * 30
+        assert report.compute_s == pytest.approx(30 * compute_s, rel=0.1)
+        assert steady_au(report) == pytest.approx(expected, abs=0.08)
+        assert report.au <= steady_au(report) + 1e-9
+        assert report.bound_by == ("loader" if expected < 1 else "compute")
+
+
+def test_a_loader_that_yields_everything_at_once_gives_full_utilisation_and_no_loader_bound_steps():
+    batches = [torch.zeros(8, 3) for _ in range(10)]
+    (report,) = feed(batches, ComputeProfile("t", "none", "sleep", 800, 8, "this test"))
+    assert report.au > 0.9 and report.loader_bound == 0 and report.bound_by == "compute"
+    assert report.samples == 80 and report.samples_per_s == pytest.approx(80 / report.wall_s)
+    row = report.to_dict()
+    assert row["wait_p95_s"] >= row["wait_p50_s"] >= 0 and row["bound_by"] == "compute"
+
+
+def test_before_epoch_runs_outside_the_clock():
+    (report,) = feed([torch.zeros(1)], ComputeProfile("t", "none", "sleep", 1000, 1, "t"),
+                     before_epoch=lambda epoch: time.sleep(0.3))
+    assert report.wall_s < 0.1
+
+
+def test_every_profile_names_its_source_and_the_rate_it_needs():
+    for name, p in PROFILES.items():
+        assert p.name == name and p.samples_per_s > 0 and p.source
+        assert p.needs_MBps(110_000) == pytest.approx(p.samples_per_s * 0.11)
+    assert "DeepLearningExamples" in PROFILES["resnet50-a100-amp"].source
+
+
+def test_image_sample_fills_the_model_input_from_any_bytes():
+    x, y = image_sample(b"\x07abc", shape=(3, 4, 4), classes=5)
+    assert x.shape == (3, 4, 4) and x.dtype == torch.uint8 and y == 7 % 5
+    assert bytes(x.flatten()[:8].tolist()) == b"\x07abc\x07abc"

@@ -109,3 +109,16 @@ def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_
     assert summary["best_peer"] in PEERS
     assert all(summary[f"{m}_vs_best_peer"] > 0 for m in DATAFERRY)
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("*.bin")), "nothing left behind"
+
+
+def test_bench_au_in_the_lab_prints_and_writes_utilisation_per_method_and_epoch(tmp_path):
+    stdout = _cli("bench", "--au", "resnet50-a100-tf32", "--lab", "--files", "8", "--file-kib", "64", "--repeats", "1",
+                  "--passes", "2", "--profiles", "colocated", "--methods", "local,cache", "--out", str(tmp_path / "au"))
+    assert "| lab:colocated | resnet50-a100-tf32 | cache | 2 |" in stdout and "needs" in stdout
+    result = json.loads((tmp_path / "au" / "au.json").read_text())
+    assert not result["errors"]
+    assert sorted((a["method"], a["epoch"]) for a in result["au"]) == [("cache", 1), ("cache", 2), ("local", 1),
+                                                                      ("local", 2)]
+    assert all(0 < a["median"] <= 1 for a in result["au"])
+    rows = load_results(tmp_path / "au")
+    assert (rows["phase"] == "train").all() and (rows["compute_profile"] == "resnet50-a100-tf32").all()

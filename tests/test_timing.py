@@ -134,3 +134,13 @@ def test_every_row_carries_the_run_bucket_location_and_version_1_runs_still_load
     (old / "run_meta.json").write_text(json.dumps({"schema_version": 1}))
     pooled = load_results([old, tmp_path / "new"])
     assert sorted(pooled["bucket_location"]) == ["", "EU", "US-CENTRAL1"]
+
+
+def test_results_of_schema_2_read_with_empty_utilisation_columns(tmp_path):
+    v2 = COLUMNS[:COLUMNS.index("au")]
+    (tmp_path / "results.csv").write_text(",".join(v2) + "\n" + ",".join("r2" if c == "run_id" else "7" if c == "ns"
+                                                                         else "" for c in v2) + "\n")
+    (tmp_path / "run_meta.json").write_text(json.dumps({"schema_version": 2}))
+    rows = load_results(tmp_path)
+    assert list(rows.columns) == COLUMNS and rows["ns"].tolist() == [7]
+    assert rows["au"].isna().all() and rows["samples"].isna().all() and rows["bound_by"].tolist() == [""]

@@ -16,14 +16,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dataferry.cache import Cache
-from dataferry.lab import Lab
-from dataferry.lab.profiles import PROFILES
 from dataferry.sources import GCSSource
 from dataferry.stage import stage, tqdm, width_for
 from dataferry.timing import Results, evict, timed_read
+
+if TYPE_CHECKING:
+    from dataferry.lab import Lab
 
 __all__ = ["compare_methods", "measure", "lab_target", "source_target", "bench_lab", "bench_source", "Target",
            "LAB_METHODS", "summary", "summary_table"]
@@ -361,6 +362,8 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
               passes: int = 2, repeats: int = 5, seed: int = 0, say: Callable[[str], None] = print) -> dict:
     """The full comparison in a lab of its own: every method, first and repeated reads, under
     each region profile. Rows are labelled ``lab:<profile>``; nothing here is a cloud number."""
+    from dataferry.lab import Lab
+    from dataferry.lab.profiles import PROFILES
     from dataferry.runtime import capture, detect_region
 
     out = Path(out)

@@ -3,6 +3,7 @@
     dataferry stage SOURCE --cache DIR               stage gs://bucket/prefix or a folder into a cache
     dataferry cache inspect|verify|prune|clear DIR   look after a cache folder
     dataferry bench SOURCE | --lab                   first vs repeated reads by method (CSV, figures, JSON)
+    dataferry bench --au PROFILE SOURCE | --lab      will the GPU starve: utilisation by method and epoch
     dataferry report RESULTS...                      pool result files, redraw the figures
     dataferry bench-cache [--out FILE]               benchmark the cache in the lab
 
@@ -162,15 +163,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from dataferry.bench import LAB_METHODS, bench_lab, bench_source
 
     methods = args.methods.split(",") if args.methods else None
-    if args.lab:
+    if args.au:
+        from dataferry.utilisation import bench_au
+
+        if bool(args.lab) == bool(args.source):
+            raise ValueError("give a SOURCE or --lab, not both")
+        bench_au(args.au, source=args.source, out=args.out or "build/bench/au", json_path=args.json, methods=methods,
+                 profiles=args.profiles.split(","), n_files=args.files or 256, file_bytes=(args.file_kib or 112) << 10,
+                 epochs=args.passes, repeats=args.repeats, workers=args.workers, seed=args.seed, region=args.region)
+    elif args.lab:
         if args.source:
             raise ValueError("give a SOURCE or --lab, not both")
         bench_lab(out=args.out or "build/bench/methods", json_path=args.json or "build/bench/methods.json",
-                  profiles=args.profiles.split(","), methods=methods or LAB_METHODS, n_files=args.files,
-                  file_bytes=args.file_kib * 1024, passes=args.passes, repeats=args.repeats, seed=args.seed)
+                  profiles=args.profiles.split(","), methods=methods or LAB_METHODS, n_files=args.files or 24,
+                  file_bytes=(args.file_kib or 2048) << 10, passes=args.passes, repeats=args.repeats, seed=args.seed)
     elif args.source:
         bench_source(args.source, out=args.out or "build/bench/source", json_path=args.json, methods=methods,
-                     max_files=args.files, passes=args.passes, repeats=args.repeats, seed=args.seed,
+                     max_files=args.files or 24, passes=args.passes, repeats=args.repeats, seed=args.seed,
                      region=args.region)
     else:
         raise ValueError("give a SOURCE (gs://bucket/prefix or a folder) or --lab")
@@ -191,6 +200,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dataferry.feed import PROFILES as COMPUTE_PROFILES
     from dataferry.lab.profiles import PROFILES
 
     parser = argparse.ArgumentParser(prog="dataferry", description="Fast training data from cloud storage.")
@@ -251,13 +261,17 @@ def build_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="first vs repeated reads by method: on your data, or --lab across profiles")
     be.add_argument("source", nargs="?", help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
     be.add_argument("--lab", action="store_true", help="run the full comparison in the offline lab")
+    be.add_argument("--au", metavar="PROFILE", choices=sorted(COMPUTE_PROFILES),
+                    help="instead of MB/s, the accelerator utilisation of each method training under this compute "
+                         f"profile ({', '.join(sorted(COMPUTE_PROFILES))}); --passes are epochs")
     be.add_argument("--methods", help="comma-separated (lab: local,gcsfuse,gcsfuse-cache,api-serial,api-parallel,"
                                       "dataferry; a gs:// source: api-serial,api-parallel,dataferry,gcsfuse,"
                                       "gcsfuse-cache; a folder: folder,dataferry)")
     be.add_argument("--passes", type=int, default=2, help="epochs per method; pass 1 is the first read")
     be.add_argument("--repeats", type=int, default=5)
-    be.add_argument("--files", type=int, default=24, help="files to read (a sample of the source)")
-    be.add_argument("--file-kib", type=int, default=2048, help="lab: size of each file")
+    be.add_argument("--files", type=int, help="files to read (a sample of the source); default 24, with --au 256")
+    be.add_argument("--file-kib", type=int, help="lab: size of each file; default 2048, with --au 112")
+    be.add_argument("--workers", type=int, default=4, help="--au: DataLoader worker processes")
     be.add_argument("--profiles", default="colocated,same-continent,cross-continent", help="lab: region profiles")
     be.add_argument("--region", help="your region, if detection cannot know it (else metadata server, else unknown)")
     be.add_argument("--seed", type=int, default=0)

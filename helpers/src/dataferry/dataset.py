@@ -10,8 +10,9 @@ object plus its name, version and checksum, in a few flat buffers that forked wo
 
 from __future__ import annotations
 
+import io
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset, Sampler
@@ -20,7 +21,7 @@ from dataferry.cache import Cache
 from dataferry.sources import ChangedAtSource, Entry, EntryTable, Source
 from dataferry.stage import Prefetcher
 
-__all__ = ["CachedDataset", "PrefetchingSampler"]
+__all__ = ["CachedDataset", "PrefetchingSampler", "SourceDataset"]
 
 
 class CachedDataset(Dataset):
@@ -79,6 +80,28 @@ class CachedDataset(Dataset):
     def __repr__(self) -> str:
         return (f"<CachedDataset {len(self)} samples, {self.total_bytes / 1e6:.1f} MB from {self.source!r} "
                 f"via {self.cache.root}>")
+
+
+class SourceDataset(Dataset):
+    """Sample ``i`` is ``decode(bytes of entries[i])`` read straight from ``source`` on every access, with no
+    cache: what a Dataset over a Drive or gcsfuse mount, or one that downloads in ``__getitem__``, does.
+    The course's baseline for every method that pays the remote each epoch."""
+
+    def __init__(self, source: Source, entries: Iterable[Entry], decode: Callable[[bytes], Any] | None = None) -> None:
+        self.source, self.decode = source, decode
+        self.entries = EntryTable(entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int) -> Any:
+        buf = io.BytesIO()
+        self.source.fetch(self.entries[index], buf)
+        data = buf.getvalue()
+        return self.decode(data) if self.decode is not None else data
+
+    def __repr__(self) -> str:
+        return f"<SourceDataset {len(self)} samples from {self.source!r}, no cache>"
 
 
 class PrefetchingSampler(Sampler[int]):

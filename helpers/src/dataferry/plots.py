@@ -42,6 +42,7 @@ __all__ = [
     "by_region",
     "by_runtime",
     "per_epoch",
+    "au_by_method",
     "save",
     "standard_figures",
 ]
@@ -181,6 +182,54 @@ def per_epoch(rows: pd.DataFrame) -> Figure:
         _log_limits([ax], epochs["MBps"])
         ax.legend(title="method", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _finish(fig, notes, [ax], True)
+    return fig
+
+
+def au_by_method(rows: pd.DataFrame, methods: Sequence[str] | None = None, target: float = 0.9) -> Figure:
+    """Accelerator utilisation of each method, epoch 1 (hatched) and later epochs (solid), from ``train``
+    rows: a panel per region (columns) and compute profile (rows), a bar at the median, a dot per run,
+    and a line at ``target`` (MLPerf Storage's 90% pass)."""
+    import matplotlib.pyplot as plt
+
+    ok = rows[(rows["phase"] == "train") & (rows["error"] == "") & (rows["pass"] >= 1)]
+    regions, computes = sorted(ok["region"].unique()) or [""], sorted(ok["compute_profile"].unique()) or [""]
+    methods = [m for m in (methods or _ordered_methods(ok["method"].unique())) if m in set(ok["method"])]
+    palette = method_palette(methods)
+    with sns.axes_style(_STYLE):
+        fig, axes = plt.subplots(len(computes), len(regions), figsize=(4.2 * len(regions) + 1.5, 3.4 * len(computes)),
+                                 sharey=True, squeeze=False)
+    plt.close(fig)
+    width = 0.38
+    for i, compute in enumerate(computes):
+        for j, region in enumerate(regions):
+            ax, cell = axes[i][j], ok[(ok["compute_profile"] == compute) & (ok["region"] == region)]
+            if cell.empty:
+                _no_data(ax)
+                continue
+            for k, method in enumerate(methods):
+                for later, offset in ((False, -width / 2), (True, width / 2)):
+                    g = cell[(cell["method"] == method) & ((cell["pass"] > 1) == later)]["au"] * 100
+                    if g.empty:
+                        continue
+                    c = palette[method]
+                    ax.bar(k + offset, g.median(), width * 0.9, color=c if later else _lighter(c), edgecolor=_darker(c),
+                           hatch=None if later else "///")
+                    ax.scatter([k + offset] * len(g), g, color="black", s=8, zorder=3)
+            ax.axhline(target * 100, color="tab:red", linestyle="--", linewidth=1)
+            ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+            ax.set_ylim(0, 105)
+            ax.set_title(f"{compute}\n{region}", fontsize=9)
+            if j == 0:
+                ax.set_ylabel("accelerator utilisation, %")
+    handles = [_patch((0.5, 0.5, 0.5), True, "epoch 1"), _patch((0.5, 0.5, 0.5), False, "later epochs"),
+               Line2D([], [], color="tab:red", linestyle="--", label=f"{target:.0%} (MLPerf Storage pass)")]
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize=8)
+    notes = [f"bars: median of runs; dots: each run; {_scope(ok)}" if len(ok) else NO_DATA]
+    if any(str(r).startswith("lab:") for r in ok["region"]):
+        notes.append(LAB_NOTE)
+    fig.suptitle("Will the accelerator starve? Utilisation by method, first and later epochs", fontsize=10)
+    fig.text(0.01, -0.02, "; ".join(notes), fontsize=8, style="italic", color="0.25")
+    fig.tight_layout()
     return fig
 
 

@@ -114,20 +114,25 @@ def evict(paths: Iterable[str | os.PathLike[str]], verify: bool = True, global_l
 
 # -- timed reads and result rows ---------------------------------------------------------------
 
-SCHEMA_VERSION = 2
-#: Versions :func:`load_results` reads; version 1 rows had no ``bucket_location`` (read as "").
-_READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+#: Versions :func:`load_results` reads; version 1 rows had no ``bucket_location`` (read as ""), versions
+#: 1 and 2 no accelerator-utilisation columns (read as empty).
+_READABLE_VERSIONS = (1, 2, 3)
 
 #: One row per timed operation (long format). Units are in the names: ``*_ns`` nanoseconds,
 #: ``bytes``, ``MBps`` = 10^6 bytes/s. ``pass`` 1 is the first read; ``phase`` says what was
 #: timed: ``read`` (open..close of one file), ``download`` (an API download), ``stage`` (a
 #: parallel copy into the cache), ``list`` (metadata listing), ``epoch`` (a whole pass: the
-#: per-epoch aggregate sum(bytes) / wall time, including any download or staging it needed).
+#: per-epoch aggregate sum(bytes) / wall time, including any download or staging it needed), ``train``
+#: (a training epoch through :func:`dataferry.feed.feed`: ``au`` = accelerator busy / wall time, ``samples``,
+#: the per-step data wait's median and 95th percentile, which of loader or compute ``bound_by`` most
+#: steps, and the ``compute_profile`` that set the compute time).
 COLUMNS = [
     "run_id", "time_utc", "method", "region", "region_source", "bucket_location", "runtime", "file", "file_bytes",
     "bytes",
     "pass", "repeat", "cache_state", "eviction", "concurrency", "phase",
     "open_ns", "first_byte_ns", "read_ns", "close_ns", "ns", "MBps", "retries", "error",
+    "au", "samples", "wait_p50_ns", "wait_p95_ns", "bound_by", "compute_profile",
 ]
 CACHE_STATES = ("cold_verified", "cold_unverified", "page_warm", "daemon_warm", "local_copy")
 CHUNK = 1 << 20
@@ -253,14 +258,16 @@ def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
             version = json.loads(meta.read_text()).get("schema_version")
             if version not in _READABLE_VERSIONS:
                 raise ValueError(f"{f}: schema version {version}, this dataferry reads {_READABLE_VERSIONS}")
-        frames.append(pd.read_csv(f, keep_default_na=False, dtype={"error": str, "file": str,
-                                                                   "bucket_location": str}))
-    rows = pd.concat(frames, ignore_index=True)
-    rows["bucket_location"] = rows["bucket_location"].fillna("") if "bucket_location" in rows else ""
+        frames.append(pd.read_csv(f, keep_default_na=False, dtype={"error": str, "file": str, "bucket_location": str,
+                                                                   "bound_by": str, "compute_profile": str}))
+    rows = pd.concat(frames, ignore_index=True).reindex(columns=COLUMNS)  # older schemas lack some columns
+    for col in ("bucket_location", "bound_by", "compute_profile"):
+        rows[col] = rows[col].fillna("")
     for col in ("file_bytes", "bytes", "pass", "repeat", "concurrency", "open_ns", "first_byte_ns", "read_ns",
-                "close_ns", "ns", "retries"):
+                "close_ns", "ns", "retries", "samples", "wait_p50_ns", "wait_p95_ns"):
         rows[col] = pd.to_numeric(rows[col], errors="coerce").astype("Int64")
-    rows["MBps"] = pd.to_numeric(rows["MBps"], errors="coerce")
+    for col in ("MBps", "au"):
+        rows[col] = pd.to_numeric(rows[col], errors="coerce")
     return rows
 
 

@@ -1,0 +1,38 @@
+"""Accelerator utilisation of each course method, in the lab: real DataLoader workers, real servers."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+from dataferry.bench import lab_target  # noqa: E402
+from dataferry.feed import ComputeProfile  # noqa: E402
+from dataferry.runtime import detect_region  # noqa: E402
+from dataferry.timing import Results, load_results  # noqa: E402
+from dataferry.utilisation import AU_METHODS, au_table, compare_au  # noqa: E402
+
+
+def test_every_method_feeds_epochs_and_only_the_local_ones_keep_a_far_accelerator_busy(gcsfuse_lab, tmp_path):
+    lab = gcsfuse_lab
+    target = lab_target(lab, "au-methods", 24, 64 << 10, seed=3, work=tmp_path / "target")
+    # 4 ms of compute per batch of 8: local files keep up easily; one far round trip per sample cannot.
+    profile = ComputeProfile("test-fast", "none", "sleep", 2000, 8, "this test")
+    with lab.using_profile("cross-continent"), Results(tmp_path / "out") as results:
+        compare_au(target, results, AU_METHODS, profile, region=detect_region(lab_profile="cross-continent"),
+                   runtime_kind="cpu", epochs=2, repeats=1, batch_size=8, workers=2, seed=1, work=tmp_path)
+    rows = load_results(tmp_path / "out")
+    assert (rows["error"] == "").all(), rows[rows["error"] != ""]["error"].tolist()
+    assert sorted(rows["method"].unique()) == sorted(AU_METHODS)
+    assert (rows["phase"] == "train").all() and (rows["samples"] == 24).all()
+    assert (rows["region"] == "lab:cross-continent").all() and (rows["compute_profile"] == "test-fast").all()
+    au = {(m, e): a for m, e, a in zip(rows["method"], rows["pass"], rows["au"])}
+    assert all(0 < a <= 1 for a in au.values())
+    # The remote is paid every epoch without a cache, once with one.
+    assert au[("api", 2)] < 0.5 * au[("cache", 2)] and au[("api", 2)] < 0.5 * au[("stage", 2)]
+    assert au[("gcsfuse", 2)] < 0.5 * au[("gcsfuse-cache", 2)]
+    assert au[("cache", 2)] > au[("cache", 1)] and au[("stage", 2)] > au[("stage", 1)]
+    state = {(m, e): s for m, e, s in zip(rows["method"], rows["pass"], rows["cache_state"])}
+    assert state[("stage", 1)] == "cold_verified" and state[("stage", 2)] == "local_copy"
+    assert state[("gcsfuse-cache", 2)] == "daemon_warm"
+    assert {r for (m, _), r in zip(zip(rows["method"], rows["pass"]), rows["bound_by"]) if m == "api"} == {"loader"}
+    table = au_table(rows)
+    assert "| lab:cross-continent | test-fast | api | 2 |" in table

@@ -72,3 +72,15 @@ def test_image_sample_fills_the_model_input_from_any_bytes():
     x, y = image_sample(b"\x07abc", shape=(3, 4, 4), classes=5)
     assert x.shape == (3, 4, 4) and x.dtype == torch.uint8 and y == 7 % 5
     assert bytes(x.flatten()[:8].tolist()) == b"\x07abc\x07abc"
+
+
+def test_a_loader_that_delivers_in_bursts_is_the_bound_though_most_steps_do_not_wait():
+    def bursts():
+        for i in range(16):
+            if i % 4 == 0:
+                time.sleep(0.1)  # four workers finishing together: one long wait, then three batches at once
+            yield torch.zeros(4)
+
+    (report,) = feed(bursts(), ComputeProfile("t", "none", "sleep", 4000, 4, "t"))
+    assert report.loader_bound <= 4 < report.steps // 2
+    assert report.au < 0.2 and report.bound_by == "loader"

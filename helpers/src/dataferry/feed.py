@@ -26,6 +26,8 @@ __all__ = ["ComputeProfile", "PROFILES", "EmulatedCompute", "CudaCompute", "Epoc
 
 #: A step is bound by the loader when the compute waited longer than this share of its own time for the batch.
 LOADER_BOUND_SHARE = 0.05
+#: MLPerf Storage's pass: the accelerator busy at least this share of the time.
+PASS_AU = 0.9
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,11 @@ class EpochReport:
 
     @property
     def bound_by(self) -> str:
-        """``loader`` when most steps waited for data, else ``compute``."""
-        return "loader" if self.loader_bound * 2 > self.steps else "compute"
+        """``loader`` when, after the first step (whose wait starts the workers), the accelerator waited for
+        data more than ``1 - PASS_AU`` of the time; else ``compute``. Time, not a count of steps: workers
+        that finish together make one long wait and several short ones."""
+        steady = self.wall_s - (self.waits_s[0] if self.waits_s else 0.0)
+        return "loader" if sum(self.waits_s[1:]) > (1 - PASS_AU) * steady else "compute"
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "waits_s"}

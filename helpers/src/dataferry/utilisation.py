@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataferry.bench import Target, _method_state
+from dataferry.bench import Target, _method_state, lab_target, source_target
 from dataferry.cache import Cache
-from dataferry.feed import ComputeProfile, CudaCompute, EmulatedCompute, EpochReport, feed
+from dataferry.feed import PROFILES, ComputeProfile, CudaCompute, EmulatedCompute, EpochReport, feed
 from dataferry.sources import LocalSource
-from dataferry.stage import stage
-from dataferry.timing import Results, evict
+from dataferry.stage import stage, tqdm
+from dataferry.timing import Results, evict, load_results
 
 __all__ = ["AU_METHODS", "compare_au", "au_table", "bench_au"]
 
@@ -172,17 +172,13 @@ def bench_au(profile: str | ComputeProfile, *, source: str | None = None, out: s
     :data:`dataferry.feed.PROFILES`), on your data (``source``: ``gs://bucket/prefix`` or a folder) or, without
     one, in a lab of its own under each region ``profiles`` (rows labelled ``lab:<profile>``). Prints the
     table, writes the rows under ``out`` and a JSON summary."""
-    from dataferry.bench import source_target
-    from dataferry.feed import PROFILES
     from dataferry.runtime import capture, detect_region
-    from dataferry.stage import tqdm
 
     compute = PROFILES[profile] if isinstance(profile, str) else profile
     out, work = Path(out), Path(tempfile.mkdtemp(prefix="dataferry-au-"))
     lab = None
     try:
         if source is None:
-            from dataferry.bench import lab_target
             from dataferry.lab import Lab
 
             lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-au-state-")).up()
@@ -207,8 +203,6 @@ def bench_au(profile: str | ComputeProfile, *, source: str | None = None, out: s
                     compare_au(target, results, methods, compute, region=region, runtime_kind=runtime.kind,
                                epochs=epochs, repeats=repeats, batch_size=batch_size, workers=workers, seed=seed,
                                work=work, progress=bar)
-        from dataferry.timing import load_results
-
         rows = load_results(results.csv_path)
         rows = rows[rows["run_id"] == results.run_id]
         table = au_table(rows)

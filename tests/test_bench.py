@@ -1,6 +1,7 @@
 """`dataferry bench --lab`, `dataferry bench FOLDER` and `dataferry report`, end to end on small data."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,14 +112,20 @@ def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("*.bin")), "nothing left behind"
 
 
-def test_bench_au_in_the_lab_prints_and_writes_utilisation_per_method_and_epoch(tmp_path):
-    stdout = _cli("bench", "--au", "resnet50-a100-tf32", "--lab", "--files", "8", "--file-kib", "64", "--repeats", "1",
-                  "--passes", "2", "--profiles", "colocated", "--methods", "local,cache", "--out", str(tmp_path / "au"))
-    assert "| lab:colocated | resnet50-a100-tf32 | cache | 2 |" in stdout and "needs" in stdout
+def test_bench_au_in_the_lab_prints_and_writes_utilisation_per_profile_method_and_epoch(tmp_path):
+    stdout = _cli("bench", "--au", "resnet50-v100-fp32,smallcnn-h100-amp", "--lab", "--files", "8", "--file-kib", "64",
+                  "--repeats", "1", "--passes", "2", "--profiles", "colocated", "--methods", "local,cache",
+                  "--out", str(tmp_path / "au"))
+    for compute in ("resnet50-v100-fp32", "smallcnn-h100-amp"):
+        assert f"| lab:colocated | {compute} | cache | 2 |" in stdout
+        assert re.search(rf"<ComputeProfile {compute}: .*> needs [0-9.]+ MB/s", stdout)
     result = json.loads((tmp_path / "au" / "au.json").read_text())
     assert not result["errors"]
-    assert sorted((a["method"], a["epoch"]) for a in result["au"]) == [("cache", 1), ("cache", 2), ("local", 1),
-                                                                      ("local", 2)]
+    assert sorted((a["compute_profile"], a["method"], a["epoch"]) for a in result["au"]) == [
+        (c, m, e) for c in ("resnet50-v100-fp32", "smallcnn-h100-amp") for m in ("cache", "local") for e in (1, 2)]
     assert all(0 < a["median"] <= 1 for a in result["au"])
+    assert {n["compute_profile"]: round(n["needs_MBps"], 1) for n in result["needs"]} == {
+        "resnet50-v100-fp32": round(367 * 64 * 1024 / 1e6, 1), "smallcnn-h100-amp": round(35359 * 64 * 1024 / 1e6, 1)}
     rows = load_results(tmp_path / "au")
-    assert (rows["phase"] == "train").all() and (rows["compute_profile"] == "resnet50-a100-tf32").all()
+    assert (rows["phase"] == "train").all()
+    assert set(rows["compute_profile"]) == {"resnet50-v100-fp32", "smallcnn-h100-amp"}

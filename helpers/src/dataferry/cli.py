@@ -36,6 +36,18 @@ def _lab(args: argparse.Namespace):
     return Lab(state_dir=args.state_dir)
 
 
+def _compute_profiles(text: str) -> list[str]:
+    """``--au``'s value: comma-separated names of :data:`dataferry.feed.PROFILES`."""
+    from dataferry.feed import PROFILES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PROFILES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown compute profile {', '.join(unknown) or repr(text)}; "
+                                         f"choose from {', '.join(sorted(PROFILES))}")
+    return names
+
+
 def _print_status(status: dict) -> None:
     if not status["up"] and "endpoint" not in status:
         print(f"lab: down (state in {status['state_dir']})")
@@ -261,9 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="first vs repeated reads by method: on your data, or --lab across profiles")
     be.add_argument("source", nargs="?", help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
     be.add_argument("--lab", action="store_true", help="run the full comparison in the offline lab")
-    be.add_argument("--au", metavar="PROFILE", choices=sorted(COMPUTE_PROFILES),
-                    help="instead of MB/s, the accelerator utilisation of each method training under this compute "
-                         f"profile ({', '.join(sorted(COMPUTE_PROFILES))}); --passes are epochs")
+    be.add_argument("--au", metavar="PROFILE[,PROFILE]", type=_compute_profiles,
+                    help="instead of MB/s, the accelerator utilisation of each method training under these compute "
+                         f"profiles ({', '.join(sorted(COMPUTE_PROFILES))}); --passes are epochs")
     be.add_argument("--methods", help="comma-separated (lab: local,gcsfuse,gcsfuse-cache,api-serial,api-parallel,"
                                       "dataferry; a gs:// source: api-serial,api-parallel,dataferry,gcsfuse,"
                                       "gcsfuse-cache; a folder: folder,dataferry)")

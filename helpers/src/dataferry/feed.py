@@ -53,9 +53,9 @@ class ComputeProfile:
         return f"<ComputeProfile {self.name}: {self.samples_per_s:g} samples/s ({self.model} on {self.accelerator})>"
 
 
-_DLE = ("NVIDIA DeepLearningExamples, ResNet50 v1.5 for PyTorch, README 'Training performance: NVIDIA DGX A100 "
-        "(8x A100 80GB)', 1 GPU row, pytorch-21.03 NGC container: https://github.com/NVIDIA/DeepLearningExamples/"
-        "tree/master/PyTorch/Classification/ConvNets/resnet50v1.5")
+_DLE = ("NVIDIA DeepLearningExamples, ResNet50 v1.5 for PyTorch, README 'Training performance: {}', 1 GPU row, "
+        "pytorch-21.03 NGC container; batch size per GPU from ConvNets/configs.yml: https://github.com/NVIDIA/"
+        "DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/resnet50v1.5")
 _H100 = ("measured by dataferry.feed.measure_profile on an NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, "
          "torchvision 0.26.0) on 2026-11-23 with scripts/gpu_feed.py: batch 256, float16 autocast, channels_last, "
          "30 steps after 10 warm-up, CUDA events; the median of three runs (ResNet-50: 4640, 4667, 4768; "
@@ -64,8 +64,14 @@ _H100 = ("measured by dataferry.feed.measure_profile on an NVIDIA H100 80GB HBM3
 #: Published or measured training rates. T4 and L4 have no published figure here: measure yours with
 #: :func:`measure_profile` on the runtime (lesson 08 does, when it finds a GPU).
 PROFILES: dict[str, ComputeProfile] = {p.name: p for p in (
-    ComputeProfile("resnet50-a100-amp", "ResNet-50 v1.5, mixed precision", "A100 80GB", 2470, 256, _DLE),
-    ComputeProfile("resnet50-a100-tf32", "ResNet-50 v1.5, TF32", "A100 80GB", 938, 256, _DLE),
+    ComputeProfile("resnet50-v100-fp32", "ResNet-50 v1.5, FP32", "V100 16GB", 367, 112,
+                   _DLE.format("NVIDIA DGX-1 16GB (8x V100 16GB)")),
+    ComputeProfile("resnet50-v100-amp", "ResNet-50 v1.5, mixed precision", "V100 16GB", 1200, 256,
+                   _DLE.format("NVIDIA DGX-1 16GB (8x V100 16GB)")),
+    ComputeProfile("resnet50-a100-amp", "ResNet-50 v1.5, mixed precision", "A100 80GB", 2470, 256,
+                   _DLE.format("NVIDIA DGX A100 (8x A100 80GB)")),
+    ComputeProfile("resnet50-a100-tf32", "ResNet-50 v1.5, TF32", "A100 80GB", 938, 256,
+                   _DLE.format("NVIDIA DGX A100 (8x A100 80GB)")),
     ComputeProfile("resnet50-h100-amp", "ResNet-50 (torchvision), mixed precision", "H100 80GB", 4667, 256, _H100),
     ComputeProfile("smallcnn-h100-amp", "a 4-layer CNN on 3x64x64 inputs (small_cnn), mixed precision", "H100 80GB",
                    35359, 256, _H100),

@@ -163,18 +163,19 @@ def au_table(rows: Any) -> str:
     return "\n".join(lines)
 
 
-def bench_au(profile: str | ComputeProfile, *, source: str | None = None, out: str | Path = "build/bench/au",
+def bench_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], *, source: str | None = None, out: str | Path = "build/bench/au",
              json_path: str | Path | None = None, methods: Sequence[str] | None = None,
              profiles: Sequence[str] = ("same-continent", "cross-continent"), n_files: int = 256,
              file_bytes: int = 112 << 10, epochs: int = 2, repeats: int = 3, batch_size: int = 32, workers: int = 4,
              seed: int = 0, region: str | None = None, say: Callable[[str], None] = print) -> dict:
-    """``dataferry bench --au``: AU of each method under a compute ``profile`` (a name in
-    :data:`dataferry.feed.PROFILES`), on your data (``source``: ``gs://bucket/prefix`` or a folder) or, without
+    """``dataferry bench --au``: AU of each method under each ``compute`` profile (names in
+    :data:`dataferry.feed.PROFILES`, or profiles), on your data (``source``: ``gs://bucket/prefix`` or a folder) or, without
     one, in a lab of its own under each region ``profiles`` (rows labelled ``lab:<profile>``). Prints the
     table, writes the rows under ``out`` and a JSON summary."""
     from dataferry.runtime import capture, detect_region
 
-    compute = PROFILES[profile] if isinstance(profile, str) else profile
+    computes = [PROFILES[c] if isinstance(c, str) else c
+                for c in ([compute] if isinstance(compute, (str, ComputeProfile)) else compute)]
     out, work = Path(out), Path(tempfile.mkdtemp(prefix="dataferry-au-"))
     lab = None
     try:
@@ -193,27 +194,31 @@ def bench_au(profile: str | ComputeProfile, *, source: str | None = None, out: s
         methods = list(methods or available)
         runtime = capture(str(work))
         meta = {"experiment": "au", "where": source or "offline lab (not cloud numbers)", "runtime": runtime.to_dict(),
-                "compute_profile": {**compute.__dict__}, "seed": seed, "epochs": epochs, "repeats": repeats,
+                "compute_profiles": [{**c.__dict__} for c in computes], "seed": seed, "epochs": epochs, "repeats": repeats,
                 "batch_size": batch_size, "workers": workers, "methods": methods,
                 "dataset": {"files": len(target.names), "total_bytes": target.total_bytes}}
-        with Results(out, meta) as results, tqdm(total=len(regions) * repeats * len(methods) * epochs,
+        with Results(out, meta) as results, tqdm(total=len(regions) * len(computes) * repeats * len(methods) * epochs,
                                                  desc="bench --au", unit="epoch") as bar:
             for shaping, region in regions:
                 with shaping:
-                    compare_au(target, results, methods, compute, region=region, runtime_kind=runtime.kind,
-                               epochs=epochs, repeats=repeats, batch_size=batch_size, workers=workers, seed=seed,
-                               work=work, progress=bar)
+                    for c in computes:
+                        compare_au(target, results, methods, c, region=region, runtime_kind=runtime.kind,
+                                   epochs=epochs, repeats=repeats, batch_size=batch_size, workers=workers, seed=seed,
+                                   work=work, progress=bar)
         rows = load_results(results.csv_path)
         rows = rows[rows["run_id"] == results.run_id]
         table = au_table(rows)
-        needs = compute.needs_MBps(target.mean_file_bytes)
-        say(f"{compute!r} needs {needs:.1f} MB/s of {target.mean_file_bytes / 1e3:.0f} kB samples; "
-            f"source: {compute.source}\n{table}")
-        result = {"run_id": results.run_id, "results": str(results.csv_path), "compute_profile": compute.name,
-                  "needs_MBps": needs, "table": table,
-                  "au": [{"region": r, "method": m, "epoch": int(e), "median": g["au"].median(), "min": g["au"].min(),
-                          "max": g["au"].max(), "n": len(g)}
-                         for (r, m, e), g in rows[rows["error"] == ""].groupby(["region", "method", "pass"])],
+        needs = [{"compute_profile": c.name, "needs_MBps": c.needs_MBps(target.mean_file_bytes), "source": c.source}
+                 for c in computes]
+        for c, n in zip(computes, needs):
+            say(f"{c!r} needs {n['needs_MBps']:.1f} MB/s of {target.mean_file_bytes / 1e3:.0f} kB samples; "
+                f"source: {c.source}")
+        say(table)
+        result = {"run_id": results.run_id, "results": str(results.csv_path), "needs": needs, "table": table,
+                  "au": [{"region": r, "compute_profile": c, "method": m, "epoch": int(e), "median": g["au"].median(),
+                          "min": g["au"].min(), "max": g["au"].max(), "n": len(g)}
+                         for (r, c, m, e), g in rows[rows["error"] == ""].groupby(
+                             ["region", "compute_profile", "method", "pass"])],
                   "errors": rows[rows["error"] != ""]["error"].tolist()}
         path = Path(json_path or out / "au.json")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -118,6 +118,39 @@ def test_budget_holds_and_lru_evicts(dataset, tmp_path):
     assert {r["name"] for r in cache.entries()} == {e.name for e in entries[-8:]}, "the 8 most recent stay"
 
 
+def test_demoted_entries_go_first_most_recently_demoted_first(dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c", max_bytes=400_000)  # room for 8 of 40 objects
+    entries = sorted(source.list(), key=lambda e: e.name)
+    for e in entries[:8]:
+        cache.read(source, e)
+    cache.demote(source, entries[:2])  # used up for this epoch: 0 and 1
+    cache.demote(source, [entries[5]])  # and then 5
+    cache.read(source, entries[8])
+    assert not cache.contains(source, entries[5]), "the most recently demoted goes first"
+    cache.read(source, entries[9])
+    cache.read(source, entries[10])
+    assert not any(cache.contains(source, e) for e in entries[:2])
+    assert all(cache.contains(source, e) for e in entries[2:5] + entries[6:11]), "no entry in use was evicted"
+    cache.read(source, entries[1])  # read again: in use, no longer demoted
+    assert cache.contains(source, entries[1]) and cache.stats().evictions == 4
+
+
+def test_read_verified_refetches_a_flipped_byte_that_read_serves(lab, dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c")
+    e = next(iter(source.list()))
+    cache.read(source, e)
+    path = cache.path(source, e)
+    data = bytearray(path.read_bytes())
+    data[7] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert cache.read(source, e) != ds.content(e.name), "read trusts the size (verify() finds rot)"
+    assert cache.read_verified(source, e) == ds.content(e.name)
+    assert cache.stats().refetches == 1 and lab.downloads(source.bucket)[source.prefix + e.name] == 2
+    assert cache.read_verified(source, e) == ds.content(e.name) and cache.stats().refetches == 1
+
+
 def test_entry_held_open_survives_eviction(dataset, tmp_path):
     ds, source = dataset
     cache = Cache(tmp_path / "c", max_bytes=200_000)

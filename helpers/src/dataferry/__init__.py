@@ -25,7 +25,8 @@ Modules, lowest floor first: ``host`` (is a process alive, is this Colab), ``aio
 process's download loop), ``gcs_media`` (GCS media downloads over aiohttp), ``sources`` (where
 bytes live), ``mounts`` (gcsfuse, Drive and the Colab helpers), ``runtime`` (what we run on,
 which region), ``cache`` (the local cache: a package, ``Cache`` its face), ``stage`` (parallel
-staging, prefetch), ``dataset`` (PyTorch), ``timing`` (cache-state control, timed reads, result
+staging, prefetch), ``dataset`` (PyTorch), ``shards`` (tar shards streamed through the cache under
+its budget, and making them), ``timing`` (cache-state control, timed reads, result
 files), ``stats`` (medians, bootstrap intervals), ``plots`` (the standard figures), ``bench``
 (ready-made experiments), ``course`` (the lessons' choices: which data, where results go, what
 the setup cell installs), ``lab`` (the offline cloud for tests and lessons), ``cli`` (the
@@ -45,7 +46,7 @@ _EXPORTS = {
     "SourceError": "dataferry.sources",
     "Cache": "dataferry.cache", "CacheStats": "dataferry.cache", "ChecksumError": "dataferry.cache",
     "Prefetcher": "dataferry.stage", "StageReport": "dataferry.stage",
-    "CachedDataset": "dataferry.dataset",
+    "CachedDataset": "dataferry.dataset", "ShardDataset": "dataferry.shards", "make_shards": "dataferry.shards",
 }
 __all__ = ["__version__", "stage", *_EXPORTS]
 

@@ -2,6 +2,7 @@
 
     dataferry stage SOURCE --cache DIR               stage gs://bucket/prefix or a folder into a cache
     dataferry cache inspect|verify|prune|clear DIR   look after a cache folder
+    dataferry shards make SOURCE DEST [--shard-mb N] pack files into tar shards with an index
     dataferry bench SOURCE | --lab                   first vs repeated reads by method (CSV, figures, JSON)
     dataferry bench --au PROFILE SOURCE | --lab      will the GPU starve: utilisation by method and epoch
     dataferry report RESULTS...                      pool result files, redraw the figures
@@ -134,6 +135,15 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 1 if report.failures else 0
 
 
+def cmd_shards(args: argparse.Namespace) -> int:
+    from dataferry.shards import make_shards
+
+    made = make_shards(args.source, args.dest, shard_bytes=int(args.shard_mb * 2**20))
+    print(f"{sum(s.samples for s in made)} samples in {len(made)} shards "
+          f"({sum(s.bytes for s in made) / 1e6:,.1f} MB) and index.json in {args.dest}")
+    return 0
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from dataferry.cache import Cache
 
@@ -248,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     labsub.add_parser("demo", help="a one-minute tour: API and gcsfuse reads under every profile")
     labsub.add_parser("build", help="build fake-gcs-server, toxiproxy and gcsfuse now")
     lab.set_defaults(func=cmd_lab)
+
+    sh = sub.add_parser("shards", help="tar shards (WebDataset layout) to train from with dataferry.shards")
+    shsub = sh.add_subparsers(dest="shards_command", required=True)
+    mk = shsub.add_parser("make", help="pack the files of a bucket prefix or folder into shards, with an index")
+    mk.add_argument("source", help="gs://bucket/prefix, or a folder; files named key.ext (0001.jpg, 0001.cls)")
+    mk.add_argument("dest", help="gs://bucket/prefix, or a folder, for the shards and index.json")
+    mk.add_argument("--shard-mb", type=float, default=64.0, help="target shard size in MiB (default 64)")
+    sh.set_defaults(func=cmd_shards)
 
     st = sub.add_parser("stage", help="copy a bucket prefix or folder into a local cache, in parallel")
     st.add_argument("source", help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")

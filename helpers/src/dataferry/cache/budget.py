@@ -1,5 +1,5 @@
 """Budget and eviction: room for a fill under ``max_bytes`` and ``min_free_bytes``, made by
-evicting the least recently used entries no reader holds. Fills in progress count, fillers that
+evicting the least recently used entries no reader holds (entries demoted as used up go first). Fills in progress count, fillers that
 died do not, and a fill that finds the room held by readers or fills in flight waits for it a while.
 """
 
@@ -10,7 +10,7 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -130,8 +130,8 @@ class Budget:
 
     @staticmethod
     def _lru(db: sqlite3.Connection, batch: int = 256) -> Iterator[tuple[str, int]]:
-        """Ready entries, least recently used first, fetched in batches."""
-        last = -1.0
+        """Ready entries, least recently used first (demoted ones before all others), in batches."""
+        last = float("-inf")
         while True:
             rows = db.execute("SELECT key, size, last_used FROM entries WHERE state = 'ready' AND last_used >= ? "
                               "ORDER BY last_used LIMIT ?", (last, batch)).fetchall()
@@ -174,6 +174,17 @@ class Budget:
             release(doomed, unlink=False)
             raise
         release(doomed, unlink=True)
+
+    def demote(self, source: Source, items: Iterable[Entry]) -> None:
+        """Mark entries used up for now (a shard read this epoch): when room is needed they go before
+        every other entry, the most recently demoted first, so what was kept from an earlier pass
+        and is not yet read again stays. A later read of an entry undoes its demotion."""
+        now = time.time()
+        with self._mutex:
+            self._touched.update({self.key(source, e): -now for e in items})
+            touched, self._touched = self._touched, {}
+            self._last_flush = now
+        self._index.touch(touched)
 
     def prune(self, max_bytes: int | None = None) -> int:
         """Evict least-recently-used entries (not those being read) until the cache holds at most

@@ -1,0 +1,22 @@
+"""Train from tar shards (WebDataset layout) streamed through the verified cache, and make them.
+
+``make_shards`` packs files into shards with an index; :class:`ShardDataset` (PyTorch, imported on
+first use) reads them epoch by epoch under the cache's budget.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from dataferry.shards.make import INDEX, SHARD_BYTES, ShardInfo, make_shards, read_index
+from dataferry.shards.tar import ShardFormatError, TarShardWriter, samples, split_name
+
+__all__ = ["ShardDataset", "make_shards", "read_index", "ShardInfo", "INDEX", "SHARD_BYTES", "ShardFormatError",
+           "TarShardWriter", "samples", "split_name"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ShardDataset":
+        return importlib.import_module("dataferry.shards.dataset").ShardDataset
+    raise AttributeError(f"module 'dataferry.shards' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from dataferry import Cache, GCSSource, LocalSource
 from dataferry.lab import plan_dataset
-from dataferry.shards import INDEX, ShardDataset, ShardFormatError, make_shards, read_index, samples
+from dataferry.shards import INDEX, ShardDataset, ShardFormatError, ShardLoader, make_shards, read_index, samples
 
 N, SIZE, SHARD = 120, 20_000, 110_000  # 24 shards of 5 samples
 
@@ -106,7 +106,7 @@ def _disk_bytes(root: Path) -> int:
 
 
 def _shard_downloads(lab, source) -> int:
-    return sum(n for name, n in lab.downloads(source.bucket).items() if name.startswith(source.prefix))
+    return sum(n for name, n in lab.downloads(source.bucket).items() if name.startswith(source.prefix) and name.endswith(".tar"))
 
 
 def test_data_five_times_the_budget_streams_under_it_and_keeps_what_fits(lab, sharded, tmp_path):
@@ -221,3 +221,64 @@ def test_cli_makes_shards_from_a_folder(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "6 samples in 3 shards" in out.stdout
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [INDEX, *(f"shard-{i:05d}.tar" for i in range(3))]
+
+
+def _keys(batch):
+    return [s["__key__"] for s in batch]
+
+
+@pytest.mark.parametrize("workers,batch_size", [(0, 4), (2, 4), (5, 3)])  # 5 workers: 5, 5, 5, 5 and 4 shards
+def test_a_saved_position_continues_the_epoch_in_the_same_order(sharded, tmp_path, workers, batch_size):
+    ds, source, _ = sharded
+
+    def loader():
+        return ShardLoader(ShardDataset(source, Cache(tmp_path / "c"), shuffle=9, seed=1), batch_size=batch_size,
+                           num_workers=workers, collate_fn=_keys)
+
+    whole = loader()
+    whole.set_epoch(2)
+    batches, states = [], []
+    for batch in whole:
+        batches.append(batch)
+        states.append(whole.state_dict())
+    assert sorted(k for b in batches for k in b) == sorted(k.removesuffix(".bin") for k in ds.sizes)
+    for k in (1, len(batches) // 2, len(batches) - 2):
+        again = loader()
+        again.load_state_dict(states[k - 1])
+        again.set_epoch(2)
+        rest = list(again)
+        assert [key for b in rest for key in b] == [key for b in batches[k:] for key in b], f"after {k} batches"
+        assert again.state_dict()["batches"] == len(batches)
+        if workers == 0 and k == len(batches) - 2:
+            reads = again.dataset.cache.stats()
+            left = sum(map(len, rest))
+            assert reads.hits + reads.misses <= left < 24, f"replayed from the index: {reads} for {left} samples"
+
+
+def test_resume_refuses_other_settings(sharded, tmp_path):
+    ds, source, _ = sharded
+    one = ShardLoader(ShardDataset(source, Cache(tmp_path / "c"), seed=1), batch_size=4, num_workers=2)
+    state = one.state_dict()
+    other = ShardLoader(ShardDataset(source, Cache(tmp_path / "c"), seed=1), batch_size=4, num_workers=3)
+    with pytest.raises(ValueError, match="num_workers 2 .now 3."):
+        other.load_state_dict(state)
+
+
+def test_sigkill_mid_epoch_then_resume_gives_the_rest_exactly_once(lab, sharded, tmp_path):
+    ds, source, made = sharded
+    script = [sys.executable, str(Path(__file__).parent / "scripts" / "shard_resume.py"), source.bucket,
+              source.prefix, str(tmp_path / "c")]
+    killed = subprocess.run([*script, str(tmp_path / "state.json"), "1", "7"], capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    before = json.loads((tmp_path / "state.json").read_text())["keys"]
+    assert len(before) == 28
+    rest = subprocess.run([*script, str(tmp_path / "state.json"), "1", "0"], capture_output=True, text=True,
+                          timeout=300)
+    assert rest.returncode == 0, rest.stderr
+    after = json.loads(rest.stdout)
+    assert sorted(before + after) == sorted(k.removesuffix(".bin") for k in ds.sizes), "each sample exactly once"
+    whole = subprocess.run([*script, str(tmp_path / "fresh.json"), "1", "0"], capture_output=True, text=True,
+                           timeout=300)
+    assert before + after == json.loads(whole.stdout), "the same order as a run that was not interrupted"
+    assert _shard_downloads(lab, source) == len(made), "one download a shard: the killed run's cache was kept"

@@ -18,8 +18,9 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from dataferry.cache import Cache
-from dataferry.shards.tar import samples
-from dataferry.sources import EntryTable, Source
+from dataferry.shards.make import INDEX, read_index
+from dataferry.shards.tar import ShardFormatError, samples
+from dataferry.sources import Entry, EntryTable, Source
 
 __all__ = ["ShardDataset"]
 
@@ -66,7 +67,9 @@ class ShardDataset(IterableDataset):
             raise FileNotFoundError(f"no .tar shards in {getattr(source, 'uri', source)}: check the path, or make "
                                     "them with `dataferry shards make`")
         self.shards = EntryTable(listed)
+        self.counts = _counts(source, listed)
         self.epoch = 0
+        self._resume: dict | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads: it sets the shard order and the shuffle."""
@@ -83,35 +86,38 @@ class ShardDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        mine = [self.shards[i] for i in self.plan(worker, workers)]
-        rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}")
-        buffer: list[dict] = []
-        fills: dict[int, list[Future]] = {}  # position -> its background fill
-        try:
-            for position, entry in enumerate(mine):
-                for ahead in range(position, min(len(mine), position + self.ahead + 1)):
-                    if ahead not in fills:
-                        fills[ahead] = self.cache.fill_later(self.source, [mine[ahead]])
-                # Wait for this shard's own fill rather than race it: a fill still queued when the reader
-                # had passed would download the shard a second time once evicted.
-                wait(fills.pop(position))
-                data = self.cache.read_verified(self.source, entry)
-                self.cache.demote(self.source, [entry])
-                for sample in samples(data, entry.name):
-                    buffer.append(sample)
-                    if len(buffer) > self.shuffle:
-                        yield self._out(self._draw(buffer, rng))
-                del data
-        finally:
-            wait([f for pending in fills.values() for f in pending])
-        while buffer:
-            yield self._out(self._draw(buffer, rng))
+        role, skip = self._role(worker, workers)
+        yield from (self._out(s) for s in _WorkerEpoch(self, self.plan(role, workers), role, skip))
 
-    @staticmethod
-    def _draw(buffer: list[dict], rng: random.Random) -> dict:
-        i = rng.randrange(len(buffer))
-        buffer[i], buffer[-1] = buffer[-1], buffer[i]
-        return buffer.pop()
+    def _role(self, worker: int, workers: int) -> tuple[int, int]:
+        """Which worker's stream this DataLoader worker gives, and how many of its samples were given before a
+        restart (see :meth:`resume_at`)."""
+        at = self._resume
+        if at is None or at["epoch"] != self.epoch:
+            return worker, 0
+        if len(at["workers"]) != workers:
+            raise ValueError(f"this state was saved with {len(at['workers'])} DataLoader workers; resume with as many "
+                             f"(num_workers={len(at['workers']) if len(at['workers']) > 1 else 0}), not {workers}")
+        role = (worker + at["next"]) % workers
+        return role, at["workers"][role]
+
+    def resume_at(self, epoch: int, samples_per_worker: Sequence[int], next_worker: int = 0) -> None:
+        """Continue ``epoch`` past the first ``samples_per_worker[w]`` samples of each worker stream ``w`` (one
+        entry with no DataLoader workers), the DataLoader's first worker giving stream ``next_worker``, whose
+        turn was next: the same order as without the restart, nothing given twice or skipped.
+        :class:`~dataferry.shards.ShardLoader` computes these from the batches it gave."""
+        self.epoch = epoch
+        self._resume = {"epoch": epoch, "workers": list(samples_per_worker), "next": next_worker}
+
+    def samples_of(self, worker: int = 0, workers: int = 1, epoch: int | None = None) -> int:
+        """How many samples ``worker`` gives in ``epoch``, from the index (:class:`ValueError` without one)."""
+        return sum(self._count(i) for i in self.plan(worker, workers, epoch))
+
+    def _count(self, i: int) -> int:
+        if self.counts is None:
+            raise ValueError(f"no {INDEX} beside the shards in {getattr(self.source, 'uri', self.source)}: resuming "
+                             "mid-epoch needs the sample count of each shard; make shards with `dataferry shards make`")
+        return self.counts[i]
 
     def _out(self, sample: dict) -> Any:
         return self.decode(sample) if self.decode is not None else sample
@@ -119,3 +125,92 @@ class ShardDataset(IterableDataset):
     def __repr__(self) -> str:
         return (f"<ShardDataset {len(self.shards)} shards, {self.shards.total_bytes / 1e6:,.1f} MB from "
                 f"{self.source!r} via {self.cache.root}, rank {self.rank}/{self.world_size}, epoch {self.epoch}>")
+
+
+def _counts(source: Source, listed: Sequence[Entry]) -> list[int] | None:
+    """Samples per shard from the index beside them, if it has every shard in its listed size."""
+    index = read_index(source)
+    if index is None:
+        return None
+    known = {s["name"]: (s["bytes"], s["samples"]) for s in index["shards"]}
+    counts = [known.get(e.name, (None, 0)) for e in listed]
+    return [n for _, n in counts] if all(size == e.size for (size, _), e in zip(counts, listed)) else None
+
+
+class _WorkerEpoch:
+    """One worker's epoch as a stream of tokens (shard position, sample ordinal) through a seeded shuffle
+    buffer, and the samples they stand for. The token stream depends only on the plan, the seed and each
+    shard's sample count, so a restart can replay it from the index without reading: shards whose
+    samples were all given before the restart are never read again, the others only for what remains."""
+
+    def __init__(self, ds: ShardDataset, plan: list[int], worker: int, skip: int) -> None:
+        self.ds, self.skip = ds, skip
+        self.mine = [ds.shards[i] for i in plan]
+        self.plan = plan
+        self.rng = random.Random(f"{ds.seed}:{ds.epoch}:{ds.rank}:{worker}")
+        self.loaded: dict[int, list] = {}  # position -> its samples (None once given)
+        self.left: dict[int, int] = {}  # position -> samples not yet given
+        self.fills: dict[int, list[Future]] = {}  # position -> its background fill
+        self.given = 0
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            for position, i in self._tokens():
+                if self.given < self.skip:
+                    self._given(position)
+                    continue
+                if position not in self.loaded:
+                    self._load(position)
+                sample, self.loaded[position][i] = self.loaded[position][i], None
+                self._given(position)
+                yield sample
+        finally:
+            wait([f for pending in self.fills.values() for f in pending])
+
+    def _tokens(self) -> Iterator[tuple[int, int]]:
+        buffer: list[tuple[int, int]] = []
+        shuffle = self.ds.shuffle
+        for position in range(len(self.mine)):
+            n = self._open(position)
+            self.left[position] = n
+            for i in range(n):
+                buffer.append((position, i))
+                if len(buffer) > shuffle:
+                    yield self._draw(buffer)
+        while buffer:
+            yield self._draw(buffer)
+
+    def _draw(self, buffer: list[tuple[int, int]]) -> tuple[int, int]:
+        i = self.rng.randrange(len(buffer))
+        buffer[i], buffer[-1] = buffer[-1], buffer[i]
+        return buffer.pop()
+
+    def _open(self, position: int) -> int:
+        """The shard's sample count: from the index while replaying what was given before a restart,
+        else by reading it now (with the next ``ahead`` shards filling in the background)."""
+        if self.given < self.skip and self.ds.counts is not None:
+            return self.ds.counts[self.plan[position]]  # read later only if a sample of it is still to come
+        for ahead in range(position, min(len(self.mine), position + self.ds.ahead + 1)):
+            if ahead not in self.fills:
+                self.fills[ahead] = self.ds.cache.fill_later(self.ds.source, [self.mine[ahead]])
+        self._load(position)
+        return len(self.loaded[position])
+
+    def _load(self, position: int) -> None:
+        # Wait for this shard's own fill rather than race it: a fill still queued when the reader had
+        # passed would download the shard a second time once evicted.
+        wait(self.fills.pop(position, []))
+        entry = self.mine[position]
+        data = self.ds.cache.read_verified(self.ds.source, entry)
+        self.ds.cache.demote(self.ds.source, [entry])
+        self.loaded[position] = list(samples(data, entry.name))
+        if self.ds.counts is not None and len(self.loaded[position]) != self.ds.counts[self.plan[position]]:
+            raise ShardFormatError(f"{entry.name} holds {len(self.loaded[position])} samples, its {INDEX} says "
+                                   f"{self.ds.counts[self.plan[position]]}: remake the index")
+
+    def _given(self, position: int) -> None:
+        self.given += 1
+        self.left[position] -= 1
+        if not self.left[position]:
+            del self.left[position]
+            self.loaded.pop(position, None)

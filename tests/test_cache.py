@@ -136,6 +136,21 @@ def test_demoted_entries_go_first_most_recently_demoted_first(dataset, tmp_path)
     assert cache.contains(source, entries[1]) and cache.stats().evictions == 4
 
 
+def test_entries_to_be_read_stay_soonest_first_after_the_used_up(dataset, tmp_path):
+    ds, source = dataset
+    cache = Cache(tmp_path / "c", max_bytes=400_000)  # room for 8 of 40 objects
+    entries = sorted(source.list(), key=lambda e: e.name)
+    for e in entries[:8]:
+        cache.read(source, e)
+    cache.demote(source, entries[:8])  # an epoch ends: all used up
+    cache.will_read(source, [entries[3], entries[5], entries[0], entries[30]])  # the next epoch's order
+    for e in entries[10:16]:  # room for six new: the five used up, then the one read last of those kept
+        cache.read(source, e)
+    assert [cache.contains(source, e) for e in (entries[3], entries[5], entries[0])] == [True, True, False]
+    cache.read(source, entries[16])
+    assert cache.contains(source, entries[3]) and not cache.contains(source, entries[5]), "soonest read stays longest"
+
+
 def test_read_verified_refetches_a_flipped_byte_that_read_serves(lab, dataset, tmp_path):
     ds, source = dataset
     cache = Cache(tmp_path / "c")

@@ -16,7 +16,8 @@ LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 REPO = tomllib.loads((ROOT / "helpers" / "pyproject.toml").read_text())["project"]["urls"]["Source"]
 OWNER_REPO = REPO.removeprefix("https://github.com/")
 EXPECTED = ["00_start_here", "01_google_drive", "02_gcsfuse", "03_gcs_client", "04_stage_to_local_disk",
-            "05_small_files_and_shards", "06_measure_by_region", "07_analysis", "08_will_my_gpu_starve"]
+            "05_small_files_and_shards", "06_measure_by_region", "07_analysis", "08_will_my_gpu_starve",
+            "09_bigger_than_the_disk"]
 COLAB_IMPORT = re.compile(r"^\s*(from\s+google\.colab\b|import\s+google\.colab\b|from\s+google\s+import\s+colab\b)", re.M)
 
 
@@ -28,7 +29,7 @@ def _source(cell):
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
 
-def test_all_nine_lessons_exist():
+def test_all_ten_lessons_exist():
     assert [p.stem for p in LESSONS] == EXPECTED
 
 

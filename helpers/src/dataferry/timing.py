@@ -262,7 +262,7 @@ def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
                                                                    "bound_by": str, "compute_profile": str}))
     rows = pd.concat(frames, ignore_index=True).reindex(columns=COLUMNS)  # older schemas lack some columns
     for col in ("bucket_location", "bound_by", "compute_profile"):
-        rows[col] = rows[col].fillna("")
+        rows[col] = rows[col].astype(object).fillna("")  # absent in older schemas: NaN floats
     for col in ("file_bytes", "bytes", "pass", "repeat", "concurrency", "open_ns", "first_byte_ns", "read_ns",
                 "close_ns", "ns", "retries", "samples", "wait_p50_ns", "wait_p95_ns"):
         rows[col] = pd.to_numeric(rows[col], errors="coerce").astype("Int64")

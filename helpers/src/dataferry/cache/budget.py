@@ -10,7 +10,7 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -184,6 +184,16 @@ class Budget:
             self._touched.update({self.key(source, e): -now for e in items})
             touched, self._touched = self._touched, {}
             self._last_flush = now
+        self._index.touch(touched)
+
+    def will_read(self, source: Source, items: Sequence[Entry]) -> None:
+        """Entries about to be read in this order (a pass over shards): when room is needed they go after
+        every entry demoted as used up and before every other, the one read last first, so a pass over
+        more than fits keeps what it reads soonest. Reading an entry undoes this, as it undoes a demotion."""
+        ranks = {self.key(source, e): -(i + 1.0) for i, e in enumerate(items)}  # above -time, below any use
+        with self._mutex:
+            self._touched.update(ranks)
+            touched, self._touched = self._touched, {}
         self._index.touch(touched)
 
     def prune(self, max_bytes: int | None = None) -> int:

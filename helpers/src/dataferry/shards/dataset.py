@@ -154,6 +154,7 @@ class _WorkerEpoch:
         self.given = 0
 
     def __iter__(self) -> Iterator[dict]:
+        self.ds.cache.will_read(self.ds.source, self.mine)  # kept from the last epoch: soonest read stays longest
         try:
             for position, i in self._tokens():
                 if self.given < self.skip:

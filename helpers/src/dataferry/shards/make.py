@@ -84,13 +84,15 @@ def _plan(entries: Sequence[Entry], shard_bytes: int) -> list[list[tuple[str, li
 class _Destination:
     """A folder, or ``gs://bucket/prefix`` (google-cloud-storage, CRC32C-checked uploads)."""
 
-    def __init__(self, dest: str | os.PathLike[str]) -> None:
+    def __init__(self, dest: str | os.PathLike[str], client: Any = None) -> None:
         self.uri = str(dest)
         if self.uri.startswith("gs://"):
-            from google.cloud import storage
+            if client is None:
+                from google.cloud import storage
 
+                client = storage.Client()
             bucket, _, prefix = self.uri[5:].partition("/")
-            self._bucket = storage.Client().bucket(bucket)
+            self._bucket = client.bucket(bucket)
             self._prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         else:
             self._bucket = None
@@ -106,18 +108,19 @@ class _Destination:
 
 
 def make_shards(source: Source | str, dest: str | os.PathLike[str], *, shard_bytes: int = SHARD_BYTES,
-                names: Sequence[str] | None = None, pattern: str = "shard-{:05d}.tar",
+                names: Sequence[str] | None = None, pattern: str = "shard-{:05d}.tar", client: Any = None,
                 progress: bool = True) -> list[ShardInfo]:
     """Pack the files of ``source`` (a :class:`~dataferry.sources.Source`, a folder or ``gs://bucket/prefix``;
     ``names`` to pick some) into tar shards of about ``shard_bytes`` in ``dest`` (a folder or
     ``gs://bucket/prefix``), then write ``index.json`` there. Files sort by name and group into samples by
-    key (``0001.jpg`` and ``0001.cls`` make sample ``0001``). Returns the shards' index entries."""
-    src = from_uri(source) if isinstance(source, str) else source
+    key (``0001.jpg`` and ``0001.cls`` make sample ``0001``). ``client``: the google-cloud-storage client for
+    a bucket given as a string (default ``storage.Client()``). Returns the shards' index entries."""
+    src = from_uri(source, client) if isinstance(source, str) else source
     entries = sorted(src.list() if names is None else (src.stat(n) for n in names), key=lambda e: e.name)
     if not entries:
         raise FileNotFoundError(f"nothing to pack in {getattr(src, 'uri', src)}: check the path")
     plan = _plan(entries, shard_bytes)
-    out = _Destination(dest)
+    out = _Destination(dest, client)
     shards: list[ShardInfo] = []
     with tempfile.TemporaryDirectory(prefix="dataferry-shards-") as tmp, \
             tqdm(total=len(entries), desc=f"packing into {out.uri}", unit="file", disable=not progress) as bar:

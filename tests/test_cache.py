@@ -118,12 +118,18 @@ def test_budget_holds_and_lru_evicts(dataset, tmp_path):
     assert {r["name"] for r in cache.entries()} == {e.name for e in entries[-8:]}, "the 8 most recent stay"
 
 
-def test_demoted_entries_go_first_most_recently_demoted_first(dataset, tmp_path):
-    ds, source = dataset
-    cache = Cache(tmp_path / "c", max_bytes=400_000)  # room for 8 of 40 objects
+def _eight_of_forty_cached(dataset, tmp_path):
+    """A cache with room for 8 of the 40 objects, holding the first 8 by name."""
+    _, source = dataset
+    cache = Cache(tmp_path / "c", max_bytes=400_000)
     entries = sorted(source.list(), key=lambda e: e.name)
     for e in entries[:8]:
         cache.read(source, e)
+    return source, cache, entries
+
+
+def test_demoted_entries_go_first_most_recently_demoted_first(dataset, tmp_path):
+    source, cache, entries = _eight_of_forty_cached(dataset, tmp_path)
     cache.demote(source, entries[:2])  # used up for this epoch: 0 and 1
     cache.demote(source, [entries[5]])  # and then 5
     cache.read(source, entries[8])
@@ -137,11 +143,7 @@ def test_demoted_entries_go_first_most_recently_demoted_first(dataset, tmp_path)
 
 
 def test_entries_to_be_read_stay_soonest_first_after_the_used_up(dataset, tmp_path):
-    ds, source = dataset
-    cache = Cache(tmp_path / "c", max_bytes=400_000)  # room for 8 of 40 objects
-    entries = sorted(source.list(), key=lambda e: e.name)
-    for e in entries[:8]:
-        cache.read(source, e)
+    source, cache, entries = _eight_of_forty_cached(dataset, tmp_path)
     cache.demote(source, entries[:8])  # an epoch ends: all used up
     cache.will_read(source, [entries[3], entries[5], entries[0], entries[30]])  # the next epoch's order
     for e in entries[10:16]:  # room for six new: the five used up, then the one read last of those kept

@@ -180,20 +180,20 @@ class Budget:
         every other entry, the most recently demoted first, so what was kept from an earlier pass
         and is not yet read again stays. A later read of an entry undoes its demotion."""
         now = time.time()
-        with self._mutex:
-            self._touched.update({self.key(source, e): -now for e in items})
-            touched, self._touched = self._touched, {}
-            self._last_flush = now
-        self._index.touch(touched)
+        self._rank_now({self.key(source, e): -now for e in items})
 
     def will_read(self, source: Source, items: Sequence[Entry]) -> None:
         """Entries about to be read in this order (a pass over shards): when room is needed they go after
         every entry demoted as used up and before every other, the one read last first, so a pass over
         more than fits keeps what it reads soonest. Reading an entry undoes this, as it undoes a demotion."""
-        ranks = {self.key(source, e): -(i + 1.0) for i, e in enumerate(items)}  # above -time, below any use
+        self._rank_now({self.key(source, e): -(i + 1.0) for i, e in enumerate(items)})  # above -time, below uses
+
+    def _rank_now(self, ranks: dict[str, float]) -> None:
+        """Send these LRU times to the index now, after the uses noted before them (the order they happened)."""
         with self._mutex:
             self._touched.update(ranks)
             touched, self._touched = self._touched, {}
+            self._last_flush = time.time()
         self._index.touch(touched)
 
     def prune(self, max_bytes: int | None = None) -> int:

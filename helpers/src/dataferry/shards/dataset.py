@@ -92,14 +92,19 @@ class ShardDataset(IterableDataset):
     def _role(self, worker: int, workers: int) -> tuple[int, int]:
         """Which worker's stream this DataLoader worker gives, and how many of its samples were given before a
         restart (see :meth:`resume_at`)."""
-        at = self._resume
-        if at is None or at["epoch"] != self.epoch:
+        at = self.resumed()
+        if at is None:
             return worker, 0
         if len(at["workers"]) != workers:
-            raise ValueError(f"this state was saved with {len(at['workers'])} DataLoader workers; resume with as many "
-                             f"(num_workers={len(at['workers']) if len(at['workers']) > 1 else 0}), not {workers}")
+            raise ValueError(f"this state was saved for {len(at['workers'])} worker stream(s), this DataLoader has "
+                             f"{workers}: resume with the num_workers it was saved with")
         role = (worker + at["next"]) % workers
         return role, at["workers"][role]
+
+    def resumed(self) -> dict | None:
+        """The position loaded with :meth:`resume_at`, while it is for the epoch about to be read."""
+        at = self._resume
+        return at if at is not None and at["epoch"] == self.epoch else None
 
     def resume_at(self, epoch: int, samples_per_worker: Sequence[int], next_worker: int = 0) -> None:
         """Continue ``epoch`` past the first ``samples_per_worker[w]`` samples of each worker stream ``w`` (one

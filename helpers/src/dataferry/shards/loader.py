@@ -83,7 +83,7 @@ class ShardLoader(DataLoader):
         if self.num_workers == 0:
             return [batches * size], 0
         ds, workers = self.dataset, self.num_workers
-        at = ds._resume if ds._resume is not None and ds._resume["epoch"] == ds.epoch else None
+        at = ds.resumed()
         base, role = (at["workers"], at["next"]) if at else ([0] * workers, 0)
         totals = [ds.samples_of(w, workers) for w in range(workers)]
         per = [t // size if self.drop_last else math.ceil(t / size) for t in totals]

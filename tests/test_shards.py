@@ -143,6 +143,17 @@ def test_data_five_times_the_budget_streams_under_it_and_keeps_what_fits(lab, sh
         f"epoch 2 downloaded {d2} of {len(made)} shards with {kept} kept: only what did not fit, and the prefetch"
 
 
+def test_three_workers_under_a_budget_of_five_shards_download_each_shard_once(lab, sharded, tmp_path):
+    """Three workers each filling two ahead would need nine shards on disk: each fills fewer ahead
+    rather than evict a shard another worker filled and has not read yet."""
+    ds, source, made = sharded
+    budget = 5 * max(s.bytes for s in made)
+    shards = ShardDataset(source, Cache(tmp_path / "c", max_bytes=budget, min_free_bytes=0), shuffle=10, ahead=2)
+    got = _epoch(shards, workers=3)
+    assert sorted(s["__key__"] for s in got) == sorted(k for s in made for k in s.keys)
+    assert _shard_downloads(lab, source) == len(made), "each shard once in epoch 1"
+
+
 def test_shards_that_fit_read_no_network_in_epoch_2(lab, sharded, tmp_path):
     ds, source, made = sharded
     shards = ShardDataset(source, Cache(tmp_path / "c"), shuffle=10)

@@ -150,6 +150,21 @@ def test_dataset_reads_through_cache_with_prefetching_sampler(lab, dataset, tmp_
     assert sampler.prefetcher.errors == []
 
 
+def test_prefetching_under_a_budget_5x_smaller_than_the_data_downloads_each_object_once(lab, dataset, tmp_path):
+    """The window ahead of the reader stays within half the budget: a prefetched object is not evicted
+    before its read (then downloaded again), however large ``ahead`` is."""
+    ds, source = dataset
+    lab.set_profile(Profile("test-prefetch-budget", 5, None))
+    budget = 48 * 30_000 // 5
+    cache = Cache(tmp_path / "c", max_bytes=budget, min_free_bytes=0)
+    dataset = CachedDataset(source, cache)
+    sampler = dataset.prefetching(RandomSampler(dataset, generator=torch.Generator().manual_seed(1)), ahead=40)
+    seen = {i: dataset[i] for i in sampler}
+    assert len(seen) == 48 and all(data == ds.content(dataset.entries[i].name) for i, data in seen.items())
+    assert set(lab.downloads(source.bucket).values()) == {1}, "each object once, none evicted before its read"
+    assert cache.usage()[1] <= budget and sampler.prefetcher.errors == []
+
+
 def _decode(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data[:8]), dtype=torch.uint8)
 

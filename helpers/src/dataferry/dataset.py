@@ -70,7 +70,10 @@ class CachedDataset(Dataset):
         """Wrap ``sampler`` so that, as the DataLoader draws indices, samples up to ``ahead`` past
         the one drawn are fetched into the cache in the background by the main process, at most
         256 at once from a bucket (on its download loop), 32 from a folder (on a few threads);
-        ``ahead`` defaults to four times that (see :class:`~dataferry.Prefetcher`)."""
+        ``ahead`` defaults to four times that (see :class:`~dataferry.Prefetcher`). Under a cache budget
+        the fills ahead take at most half of it; keep the DataLoader's own read-ahead (``batch_size *
+        num_workers * prefetch_factor`` samples) within the other half, or what was fetched for it is
+        evicted before it is read."""
         return PrefetchingSampler(self, sampler, ahead)
 
     @property

@@ -123,7 +123,8 @@ def stage(
 class Prefetcher:
     """Fills the entries of ``order`` ahead of a reader in the background: at most ``width``
     fills at once (default :func:`width_for` the source), never more than ``ahead`` positions
-    past the reader (default four times ``width``).
+    past the reader (default four times ``width``), and under a cache budget never more bytes
+    ahead than half of ``max_bytes``, so that nothing filled is evicted before it is read.
 
     Call :meth:`advance` with the reader's position (or let :class:`~dataferry.CachedDataset`'s
     prefetching sampler do it). Fills are queued in small batches, and a batch that finishes
@@ -140,6 +141,8 @@ class Prefetcher:
         self._batch = max(self.width // 8, 1)
         self._closed = False
         self._next = self._position = self._in_flight = 0
+        self._window = 0  # bytes of order[_position:_next]: filled or filling, not yet passed
+        self._most = cache.max_bytes // 2 if cache.max_bytes is not None else None
         self._lock = threading.RLock()  # a batch already done runs its callback inside add_done_callback
         self._topping = False
         self._futures: deque[Future] = deque()  # the fills in flight, not the epoch's
@@ -148,6 +151,8 @@ class Prefetcher:
     def advance(self, position: int) -> None:
         """The reader is at ``position`` in ``order``: queue what the window now allows."""
         with self._lock:
+            for passed in range(self._position, min(position, self._next)):
+                self._window -= self.order[passed].size
             self._position = max(self._position, position)
             self._top_up()
 
@@ -158,12 +163,21 @@ class Prefetcher:
             return
         self._topping = True
         try:
-            self._next = max(self._next, self._position)  # what the reader has passed, it read itself
+            if self._next <= self._position:  # what the reader has passed, it read itself
+                self._next, self._window = self._position, 0
             stop = min(len(self.order), self._position + self.ahead)
             while not self._closed and self._next < stop and self._in_flight < self.width:
                 end = min(stop, self._next + self._batch, self._next + self.width - self._in_flight)
-                batch = [self.order[i] for i in range(self._next, end)]
-                self._next = end
+                batch = []
+                for i in range(self._next, end):
+                    entry = self.order[i]
+                    if self._most is not None and self._window and self._window + entry.size > self._most:
+                        break  # a window of one is allowed, however large
+                    batch.append(entry)
+                    self._window += entry.size
+                if not batch:
+                    break
+                self._next += len(batch)
                 futures = self.cache.fill_later(self.source, batch)
                 share = len(batch) // len(futures)
                 self._in_flight += share * len(futures)

@@ -67,6 +67,7 @@ class ShardDataset(IterableDataset):
             raise FileNotFoundError(f"no .tar shards in {getattr(source, 'uri', source)}: check the path, or make "
                                     "them with `dataferry shards make`")
         self.shards = EntryTable(listed)
+        self._biggest = max(e.size for e in listed)
         self.counts = _counts(source, listed)
         self.epoch = 0
         self._resume: dict | None = None
@@ -87,7 +88,16 @@ class ShardDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         role, skip = self._role(worker, workers)
-        yield from (self._out(s) for s in _WorkerEpoch(self, self.plan(role, workers), role, skip))
+        ahead = self._ahead_within_budget(workers)
+        yield from (self._out(s) for s in _WorkerEpoch(self, self.plan(role, workers), role, skip, ahead))
+
+    def _ahead_within_budget(self, workers: int) -> int:
+        """Shards each worker fills ahead: :attr:`ahead`, fewer when the budget cannot hold every worker's
+        shard being read and its fills ahead (a fill evicted before its read would be downloaded twice)."""
+        if self.cache.max_bytes is None:
+            return self.ahead
+        per_worker = self.cache.max_bytes // (workers * max(self._biggest, 1))
+        return max(0, min(self.ahead, per_worker - 1))
 
     def _role(self, worker: int, workers: int) -> tuple[int, int]:
         """Which worker's stream this DataLoader worker gives, and how many of its samples were given before a
@@ -148,8 +158,8 @@ class _WorkerEpoch:
     shard's sample count, so a restart can replay it from the index without reading: shards whose
     samples were all given before the restart are never read again, the others only for what remains."""
 
-    def __init__(self, ds: ShardDataset, plan: list[int], worker: int, skip: int) -> None:
-        self.ds, self.skip = ds, skip
+    def __init__(self, ds: ShardDataset, plan: list[int], worker: int, skip: int, ahead: int) -> None:
+        self.ds, self.skip, self.ahead = ds, skip, ahead
         self.mine = [ds.shards[i] for i in plan]
         self.plan = plan
         self.rng = random.Random(f"{ds.seed}:{ds.epoch}:{ds.rank}:{worker}")
@@ -196,7 +206,7 @@ class _WorkerEpoch:
         else by reading it now (with the next ``ahead`` shards filling in the background)."""
         if self.given < self.skip and self.ds.counts is not None:
             return self.ds.counts[self.plan[position]]  # read later only if a sample of it is still to come
-        for ahead in range(position, min(len(self.mine), position + self.ds.ahead + 1)):
+        for ahead in range(position, min(len(self.mine), position + self.ahead + 1)):
             if ahead not in self.fills:
                 self.fills[ahead] = self.ds.cache.fill_later(self.ds.source, [self.mine[ahead]])
         self._load(position)

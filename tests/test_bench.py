@@ -129,3 +129,24 @@ def test_bench_au_in_the_lab_prints_and_writes_utilisation_per_profile_method_an
     rows = load_results(tmp_path / "au")
     assert (rows["phase"] == "train").all()
     assert set(rows["compute_profile"]) == {"resnet50-v100-fp32", "smallcnn-h100-amp"}
+
+
+def test_bench_shards_reads_every_sample_each_epoch_and_keeps_the_cache_under_its_budget(tmp_path):
+    """`dataferry bench-shards` on small data: shards through the cache, files through the cache and
+    webdataset's cache each give every sample every epoch; dataferry's disk stays under the budget and
+    its first epoch fetches each shard once, its second fewer."""
+    out = tmp_path / "shards.json"
+    stdout = _cli("bench-shards", "--samples", "160", "--sample-kib", "16", "--shard-mb", "0.25", "--budget-share",
+                  "0.4", "--epochs", "2", "--workers", "1", "--batch", "16", "--profile", "unshaped", "--out", str(out))
+    got = json.loads(out.read_text())
+    assert set(got["runs"]) == {"dataferry-shards", "dataferry-files", "webdataset-cache"}
+    for method, epochs in got["runs"].items():
+        assert [(e["epoch"], e["samples"], e["bytes"]) for e in epochs] == [(1, 160, 160 << 14), (2, 160, 160 << 14)], method
+        assert [e["cache_state"] for e in epochs][0] == "cold_empty" and epochs[1]["cache_state"].startswith("cold"), method
+    shards, files = got["runs"]["dataferry-shards"], got["runs"]["dataferry-files"]
+    assert all(0 < e["peak_disk_bytes"] <= got["budget_bytes"] for e in shards)
+    assert shards[0]["served_bytes"] == got["shards_bytes"] and shards[0]["requests"] == got["shards"]
+    assert shards[1]["served_bytes"] < got["shards_bytes"], "a shard kept from epoch 1 is read from disk in epoch 2"
+    assert files[0]["served_bytes"] >= got["files_bytes"] and got["runs"]["webdataset-cache"][0]["served_bytes"] >= got["shards_bytes"]
+    assert "| dataferry-shards |" in stdout and "| webdataset-cache |" in stdout and "lab:unshaped" in stdout
+    assert Path(got["figure"]).stat().st_size > 10_000

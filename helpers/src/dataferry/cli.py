@@ -7,6 +7,7 @@
     dataferry bench --au PROFILE SOURCE | --lab      will the GPU starve: utilisation by method and epoch
     dataferry report RESULTS...                      pool result files, redraw the figures
     dataferry bench-cache [--out FILE]               benchmark the cache in the lab
+    dataferry bench-shards [--out FILE]              shards vs files vs webdataset, data 5x the cache
 
     dataferry lab up [--profile NAME] [--port N]     start the offline lab (builds tools once)
     dataferry lab status [--json]                    what runs, where, under which profile
@@ -181,6 +182,15 @@ def cmd_bench_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_shards(args: argparse.Namespace) -> int:
+    from dataferry.lab.shardbench import bench_shards
+
+    bench_shards(args.out, samples=args.samples, sample_bytes=args.sample_kib << 10, shard_bytes=int(args.shard_mb * 2**20),
+                 budget_share=args.budget_share, epochs=args.epochs, workers=args.workers, batch=args.batch,
+                 profile=args.profile)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from dataferry.bench import LAB_METHODS, bench_lab, bench_source
 
@@ -321,6 +331,19 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--peer-repeats", type=int, default=3, help="first epochs per method, data set and profile")
     bc.add_argument("--peer-profiles", default="same-continent,cross-continent", help="lab profiles, comma-separated")
     bc.set_defaults(func=cmd_bench_cache)
+
+    bs = sub.add_parser("bench-shards", help="shards through the cache vs files through it vs webdataset's cache, "
+                                             "data larger than the budget, in a lab of its own (~5 min)")
+    bs.add_argument("--out", default="build/bench/shards.json", help="JSON; the figure goes beside it (.png)")
+    bs.add_argument("--samples", type=int, default=4096)
+    bs.add_argument("--sample-kib", type=int, default=64)
+    bs.add_argument("--shard-mb", type=float, default=4.0)
+    bs.add_argument("--budget-share", type=float, default=0.2, help="cache budget over the data set's bytes")
+    bs.add_argument("--epochs", type=int, default=3)
+    bs.add_argument("--workers", type=int, default=2, help="DataLoader workers, every method alike")
+    bs.add_argument("--batch", type=int, default=64)
+    bs.add_argument("--profile", choices=list(PROFILES), default="same-continent", help="lab region profile")
+    bs.set_defaults(func=cmd_bench_shards)
     return parser
 
 

@@ -1,0 +1,299 @@
+"""Bigger than the disk, side by side: tar shards through dataferry's cache, the same samples as files
+through the cache, and the same shards through webdataset's own cache, in the lab.
+
+Every method reads a data set several times its cache budget for a few epochs in a fresh process, with
+the same DataLoader (batch size, workers) and a shuffle each epoch. Per epoch it records samples/s, the
+bytes the server sent (from fake-gcs-server's access log: objects served times their size) and the most
+bytes of cached data on disk (sampled every 20 ms). Before each later epoch the kept files are dropped from the
+page cache, so a hit is a disk read. Figures are ``lab:<profile>`` numbers; ``make bench-shards`` runs it.
+
+The child side (``python -m dataferry.lab.shardbench CONFIG_JSON``) prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dataferry.lab.core import Lab
+from dataferry.lab.profiles import PROFILES
+
+__all__ = ["METHODS", "shard_epochs", "summarize", "plot_shard_epochs", "bench_shards"]
+
+KiB, MiB = 1 << 10, 1 << 20
+METHODS = ("dataferry-shards", "dataferry-files", "webdataset-cache")
+
+
+def _count_shard_batch(batch: list[dict]) -> tuple[int, int]:
+    return len(batch), sum(len(v) for s in batch for k, v in s.items() if not k.startswith("__"))
+
+
+def _count_file_batch(batch: list[bytes]) -> tuple[int, int]:
+    return len(batch), sum(map(len, batch))
+
+
+def _data_files(folder: Path) -> list[str]:
+    """The cached data under ``folder``: dataferry's cache keeps it in ``objects/`` and ``tmp/`` (its index
+    beside them), webdataset's in the folder itself."""
+    dirs = [folder / "objects", folder / "tmp"] if (folder / "index.sqlite").exists() else [folder]
+    return [os.path.join(d, f) for top in dirs for d, _, fs in os.walk(top) for f in fs]
+
+
+def _disk_bytes(folder: Path) -> int:
+    total = 0
+    for path in _data_files(folder):
+        try:
+            total += os.stat(path).st_size
+        except FileNotFoundError:  # evicted or renamed while we looked
+            pass
+    return total
+
+
+class _DiskWatch:
+    """The most bytes under ``folder`` while the block runs, sampled every ``every`` seconds."""
+
+    def __init__(self, folder: Path, every: float = 0.02) -> None:
+        self.folder, self.every, self.peak = folder, every, 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> _DiskWatch:
+        self.peak = _disk_bytes(self.folder)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, _disk_bytes(self.folder))
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _disk_bytes(self.folder))
+
+
+def _epochs_of(method: str, c: dict[str, Any]) -> Callable[[int], Iterable[tuple[int, int]]]:
+    """``epoch -> batches of (samples, bytes)`` for ``method``; clients and datasets made before any timing."""
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from dataferry import Cache, CachedDataset, GCSSource
+    from dataferry.shards import ShardDataset, ShardLoader
+
+    work, loader_args = Path(c["work"]), {"batch_size": c["batch"], "num_workers": c["workers"]}
+    if method == "dataferry-shards":
+        ds = ShardDataset(GCSSource(c["bucket"], c["shards"]), Cache(work, max_bytes=c["budget"], min_free_bytes=0),
+                          shuffle=c["shuffle"], seed=c["seed"])
+        loader = ShardLoader(ds, collate_fn=_count_shard_batch, **loader_args)
+
+        def shards(epoch: int) -> Iterable[tuple[int, int]]:
+            loader.set_epoch(epoch)
+            return loader
+
+        return shards
+    if method == "dataferry-files":
+        files = CachedDataset(GCSSource(c["bucket"], c["files"]), Cache(work, max_bytes=c["budget"], min_free_bytes=0))
+
+        def each_file(epoch: int) -> Iterable[tuple[int, int]]:
+            import torch
+
+            order = RandomSampler(files, generator=torch.Generator().manual_seed(c["seed"] * 1000 + epoch))
+            return DataLoader(files, sampler=files.prefetching(order), collate_fn=_count_file_batch, **loader_args)
+
+        return each_file
+    if method == "webdataset-cache":
+        import webdataset as wds
+
+        urls = [f"{c['endpoint']}/download/storage/v1/b/{c['bucket']}/o/{urllib.parse.quote(c['shards'] + n, safe='')}"
+                "?alt=media" for n in c["shard_names"]]
+        work.mkdir(parents=True, exist_ok=True)
+
+        def webdataset(epoch: int) -> Iterable[tuple[int, int]]:
+            # A new pipeline per epoch with its own seed: fresh DataLoader workers would otherwise replay one order.
+            ds = wds.WebDataset(urls, shardshuffle=len(urls), cache_dir=str(work), cache_size=c["budget"],
+                                seed=c["seed"] * 1000 + epoch).shuffle(c["shuffle"])
+            return DataLoader(ds, collate_fn=_count_shard_batch, **loader_args)
+
+        return webdataset
+    raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
+
+
+def _served_bytes(lab: Lab, bucket: str, sizes: dict[str, int]) -> tuple[int, int]:
+    counts = lab.downloads(bucket)
+    return sum(counts.values()), sum(n * sizes.get(name, 0) for name, n in counts.items())
+
+
+def _child(c: dict[str, Any]) -> dict[str, Any]:
+    """Every epoch of one method: samples, seconds, bytes served by the lab, the cache's peak disk use."""
+    from dataferry.timing import evict
+
+    lab, work = Lab(state_dir=c["lab_state"]), Path(c["work"])
+    read_epoch = _epochs_of(c["method"], c)
+    out = []
+    for epoch in range(c["epochs"]):
+        state = evict(_data_files(work)).cache_state if epoch else "cold_empty"
+        requests0, served0 = _served_bytes(lab, c["bucket"], c["sizes"])
+        samples = read = 0
+        with _DiskWatch(work) as disk:
+            t0 = time.perf_counter()
+            for n, b in read_epoch(epoch):
+                samples, read = samples + n, read + b
+            seconds = time.perf_counter() - t0
+        requests1, served1 = _served_bytes(lab, c["bucket"], c["sizes"])
+        out.append({"epoch": epoch + 1, "seconds": seconds, "samples": samples, "bytes": read,
+                    "served_bytes": served1 - served0, "requests": requests1 - requests0,
+                    "peak_disk_bytes": disk.peak, "cache_state": state})
+    hwm = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1])
+    return {"epochs": out, "peak_rss_mib": hwm / 1024}
+
+
+def shard_epochs(lab: Lab, bucket: str, files: str, shards: str, work: Path, *, budget: int, epochs: int = 3,
+                 methods: Sequence[str] = METHODS, workers: int = 2, batch: int = 64, shuffle: int = 1000,
+                 seed: int = 0, say: Callable[[str], None] = print) -> dict[str, list[dict[str, Any]]]:
+    """``epochs`` epochs of each method, each in a fresh process with an empty cache of ``budget`` bytes,
+    methods in a shuffled order; the same samples as files under ``files`` and as shards under ``shards``."""
+    from dataferry.sources import GCSSource
+
+    client = lab.client(direct=True)
+    files, shards = (GCSSource(bucket, p, client).prefix for p in (files, shards))  # "a/b" -> "a/b/"
+    listed = {p: list(GCSSource(bucket, p, client).list()) for p in (files, shards)}
+    sizes = {p + e.name: e.size for p, entries in listed.items() for e in entries}
+    shard_names = sorted(e.name for e in listed[shards] if e.name.endswith(".tar"))
+    order = list(methods)
+    random.Random(seed).shuffle(order)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for method in order:
+        where = work / method
+        subprocess.run(["rm", "-rf", str(where)], check=True)
+        config = {"method": method, "bucket": bucket, "files": files, "shards": shards, "shard_names": shard_names,
+                  "sizes": sizes, "work": str(where), "budget": budget, "epochs": epochs, "workers": workers,
+                  "batch": batch, "shuffle": shuffle, "seed": seed, "endpoint": lab.endpoint,
+                  "lab_state": str(lab.state_dir)}
+        proc = subprocess.run([sys.executable, "-m", "dataferry.lab.shardbench", json.dumps(config)],
+                              env={**os.environ, **lab.env()}, capture_output=True, text=True, timeout=3600)
+        subprocess.run(["rm", "-rf", str(where)], check=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{method} failed: {proc.stderr.strip()[-2000:]}")
+        runs[method] = json.loads(proc.stdout.strip().splitlines()[-1])["epochs"]
+        for e in runs[method]:
+            say(f"  {method:17s} epoch {e['epoch']}: {e['samples'] / e['seconds']:8.0f} samples/s, "
+                f"served {e['served_bytes'] / 1e6:7.1f} MB, disk peak {e['peak_disk_bytes'] / budget:4.2f}x budget "
+                f"({e['cache_state']})")
+    return {m: runs[m] for m in methods}
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]], budget: int) -> dict[str, Any]:
+    """Per method: first-epoch and later-epoch samples/s (median of the later ones), MB served, peak disk
+    over the budget; and each peer method's rate over dataferry-shards'."""
+    table: dict[str, Any] = {}
+    for method, epochs in runs.items():
+        rates = [e["samples"] / e["seconds"] for e in epochs]
+        table[method] = {"first_samples_per_s": rates[0],
+                         "later_samples_per_s": statistics.median(rates[1:]) if len(rates) > 1 else None,
+                         "first_served_MB": epochs[0]["served_bytes"] / 1e6,
+                         "later_served_MB": (statistics.median(e["served_bytes"] for e in epochs[1:]) / 1e6
+                                             if len(epochs) > 1 else None),
+                         "peak_disk_vs_budget": max(e["peak_disk_bytes"] for e in epochs) / budget}
+    if "dataferry-shards" in table:
+        ours = table["dataferry-shards"]
+        for method, row in table.items():
+            for when in ("first", "later"):
+                if row[f"{when}_samples_per_s"] and ours[f"{when}_samples_per_s"]:
+                    row[f"{when}_shards_speedup"] = ours[f"{when}_samples_per_s"] / row[f"{when}_samples_per_s"]
+    return table
+
+
+def plot_shard_epochs(runs: dict[str, list[dict[str, Any]]], budget: int, data_bytes: int, where: str) -> Any:
+    """Three panels: samples/s, MB served and the cache's peak disk per epoch and method."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), layout="constrained")
+    width = 0.8 / len(runs)
+    for i, (method, epochs) in enumerate(runs.items()):
+        x = [e["epoch"] + (i - (len(runs) - 1) / 2) * width for e in epochs]
+        axes[0].bar(x, [e["samples"] / e["seconds"] for e in epochs], width, label=method)
+        axes[1].bar(x, [e["served_bytes"] / 1e6 for e in epochs], width, label=method)
+        axes[2].bar(x, [e["peak_disk_bytes"] / 1e6 for e in epochs], width, label=method)
+    epochs_seen = sorted({e["epoch"] for es in runs.values() for e in es})
+    axes[1].axhline(data_bytes / 1e6, color="black", ls=":", lw=1, label="whole data set")
+    axes[2].axhline(budget / 1e6, color="red", ls="--", lw=1, label="budget")
+    for ax, label in zip(axes, ("samples/s", "MB served by the bucket", "peak disk of the cache (MB)")):
+        ax.set(xlabel="epoch", ylabel=label, xticks=epochs_seen)
+    axes[0].legend(fontsize=8)
+    axes[2].legend(fontsize=8)
+    fig.suptitle(f"{data_bytes / 1e6:.0f} MB through a {budget / 1e6:.0f} MB cache, {where}", fontsize=10)
+    return fig
+
+
+def bench_shards(out: str | os.PathLike[str] = "build/bench/shards.json", *, samples: int = 4096,
+                 sample_bytes: int = 64 * KiB, shard_bytes: int = 4 * MiB, budget_share: float = 0.2, epochs: int = 3,
+                 workers: int = 2, batch: int = 64, shuffle: int = 1000, profile: str = "same-continent",
+                 say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run :func:`shard_epochs` in a lab of its own under ``profile``; print a table, write JSON to ``out``
+    and the figure beside it."""
+    from dataferry.shards import make_shards
+    from dataferry.sources import GCSSource
+
+    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-bench-state-")).up(gcsfuse=False)
+    work = Path(tempfile.mkdtemp(prefix="dataferry-shardbench-"))
+    bucket, prof = "bench-shards", PROFILES[profile]
+    try:
+        ds = lab.make_dataset(bucket, samples, sample_bytes, prefix="d", seed=5, shard_bytes=None)
+        made = make_shards(GCSSource(bucket, "d/files/", lab.client(direct=True)), f"gs://{bucket}/d/shards/",
+                           shard_bytes=shard_bytes, client=lab.client(direct=True), progress=False)
+        data_bytes = sum(s.bytes for s in made)
+        budget = int(budget_share * data_bytes)
+        say(f"{samples} samples x {sample_bytes // KiB} KiB: {ds.total_bytes / 1e6:.0f} MB as files, "
+            f"{len(made)} shards ({data_bytes / 1e6:.0f} MB); cache budget {budget / 1e6:.0f} MB; {epochs} epochs, "
+            f"batch {batch}, {workers} workers, under {prof.label}")
+        with lab.using_profile(prof):
+            runs = shard_epochs(lab, bucket, "d/files/", "d/shards/", work, budget=budget, epochs=epochs,
+                                workers=workers, batch=batch, shuffle=shuffle, say=say)
+    finally:
+        lab.down()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    where = f"{prof.label} on {platform.node()}"
+    results = {"experiment": "shards", "where": where, "profile": {"name": prof.name, "rtt_ms": prof.rtt_ms,
+                                                                   "bandwidth_MBps": prof.bandwidth_MBps},
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "samples": samples, "sample_bytes": sample_bytes,
+               "files_bytes": ds.total_bytes, "shards": len(made), "shards_bytes": data_bytes, "budget_bytes": budget,
+               "epochs": epochs, "workers": workers, "batch": batch, "shuffle": shuffle, "runs": runs,
+               "summary": summarize(runs, budget)}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        plot_shard_epochs(runs, budget, data_bytes, where).savefig(out.with_suffix(".png"), dpi=120)
+        results["figure"] = str(out.with_suffix(".png"))
+    except ImportError:
+        say("(no matplotlib: the figure was not drawn)")
+    out.write_text(json.dumps(results, indent=1))
+    say("")
+    say(f"| method ({where}) | epoch 1 samples/s | later samples/s | epoch 1 MB served | later MB served | "
+        "peak disk / budget | shards speedup, epoch 1 / later |")
+    say("|---|---|---|---|---|---|---|")
+
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    for method, row in results["summary"].items():
+        say(f"| {method} | {num(row['first_samples_per_s'], '.0f')} | {num(row['later_samples_per_s'], '.0f')} | "
+            f"{num(row['first_served_MB'], '.1f')} | {num(row['later_served_MB'], '.1f')} | "
+            f"{row['peak_disk_vs_budget']:.2f} | {num(row.get('first_shards_speedup'), '.2f')} / "
+            f"{num(row.get('later_shards_speedup'), '.2f')} |")
+    say(f"\nwrote {out}" + (f" and {results['figure']}" if "figure" in results else ""))
+    return results
+
+if __name__ == "__main__":
+    print(json.dumps(_child(json.loads(sys.argv[1]))))

@@ -165,6 +165,23 @@ def test_prefetching_under_a_budget_5x_smaller_than_the_data_downloads_each_obje
     assert cache.usage()[1] <= budget and sampler.prefetcher.errors == []
 
 
+def test_dataloader_workers_under_a_budget_5x_smaller_download_each_object_once(lab, dataset, tmp_path):
+    """Workers read behind the sampler (batch x workers x prefetch_factor samples); a sample read this
+    epoch makes room before one fetched ahead and not yet read, so the fetched-ahead survive to be read."""
+    ds, source = dataset
+    lab.set_profile(Profile("test-workers-budget", 10, None))
+    budget = 48 * 30_000 // 5
+    cache = Cache(tmp_path / "c", max_bytes=budget, min_free_bytes=0)
+    dataset = CachedDataset(source, cache)
+    for epoch in range(3):
+        sampler = dataset.prefetching(RandomSampler(dataset, generator=torch.Generator().manual_seed(epoch)))
+        got = list(DataLoader(dataset, batch_size=1, num_workers=2, prefetch_factor=1, sampler=sampler,
+                              collate_fn=lambda b: b[0]))  # 2 samples read ahead: within half the budget
+        assert sorted(got) == sorted(ds.content(e.name) for e in dataset.entries)
+        most = max(lab.downloads(source.bucket).values())
+        assert most <= epoch + 1, f"epoch {epoch + 1}: an object fetched {most} times, evicted before its read"
+
+
 def _decode(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data[:8]), dtype=torch.uint8)
 

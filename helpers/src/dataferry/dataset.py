@@ -28,7 +28,9 @@ class CachedDataset(Dataset):
     """Sample ``i`` is ``decode(bytes of the i-th object)`` (bytes if ``decode`` is None).
 
     ``names`` restricts the dataset to those objects, in that order. ``decode`` must be
-    picklable (a module-level function) for DataLoader workers under spawn.
+    picklable (a module-level function) for DataLoader workers under spawn. A sample once read is
+    demoted in the cache: under a budget, room comes from samples read this epoch before those
+    fetched ahead and not yet read.
 
         ds = CachedDataset(GCSSource("my-bucket", "train/"), Cache("/content/cache"), decode=decode_jpeg)
         loader = DataLoader(ds, batch_size=64, num_workers=4, sampler=ds.prefetching(RandomSampler(ds)))
@@ -64,6 +66,8 @@ class CachedDataset(Dataset):
             # Replaced since listing and not cached: read the current version rather than fail.
             self._replaced[range(len(self.entries))[index]] = entry = self.source.stat(entry.name)
             data = self.cache.read(self.source, entry)
+        # Read for this epoch: when room is needed it goes before what was fetched ahead and not yet read.
+        self.cache.demote(self.source, [entry])
         return self.decode(data) if self.decode is not None else data
 
     def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> PrefetchingSampler:

@@ -177,7 +177,7 @@ class BulkFilling:
         download loop (one hand-over to it, not one per item), one per item on a small pool of
         this process's threads for a source without ``fetch_async``."""
         if fetches_async(source):
-            return [aio.submit(self._fill_all_async(source, list(items)))]
+            return [aio.submit(self._fill_all_async(source, list(items), ahead=True))]
         with self._mutex:
             if self._fill_threads is None:
                 self._fill_threads = ThreadPoolExecutor(8, thread_name_prefix="dataferry-fill")
@@ -192,8 +192,10 @@ class BulkFilling:
                 failed.append((item.name, e))
         return failed
 
-    async def _fill_all_async(self, source: Source, items: list[Entry]) -> list[tuple[str, BaseException]]:
-        outcomes = await asyncio.gather(*(self._fill_async(source, item) for item in items), return_exceptions=True)
+    async def _fill_all_async(self, source: Source, items: list[Entry],
+                              ahead: bool = False) -> list[tuple[str, BaseException]]:
+        outcomes = await asyncio.gather(*(self._fill_async(source, item, ahead) for item in items),
+                                        return_exceptions=True)
         return [(item.name, out) for item, out in zip(items, outcomes) if isinstance(out, BaseException)]
 
     @staticmethod
@@ -217,8 +219,10 @@ class BulkFilling:
 
     # -- one fill, as a coroutine ----------------------------------------------------------------
 
-    async def _fill_async(self, source: Source, item: Entry | str) -> tuple[int, str, int]:
-        """:meth:`fill` on the download loop: (bytes fetched, why there was no room, size)."""
+    async def _fill_async(self, source: Source, item: Entry | str, ahead: bool = False) -> tuple[int, str, int]:
+        """:meth:`fill` on the download loop: (bytes fetched, why there was no room, size). A fill ``ahead``
+        of a reader that waited for someone else's fill of the same object and then finds it gone does
+        nothing: that fill was for its own read, which happened, and the object was evicted since."""
         entry = item if isinstance(item, Entry) else await asyncio.get_running_loop().run_in_executor(
             None, source.stat, item)
         key = self.key(source, entry)
@@ -226,9 +230,9 @@ class BulkFilling:
         if os.path.exists(path):
             return 0, "", entry.size
         t0 = time.perf_counter()
-        async with self._fill_lock_async(key):
+        async with self._fill_lock_async(key) as waited:
             self._count(wait_s=time.perf_counter() - t0)
-            if os.path.exists(path):
+            if os.path.exists(path) or (ahead and waited):
                 return 0, "", entry.size
             self._count(misses=1)
             refusal = await self._reserve_async(source, entry, key)
@@ -256,20 +260,24 @@ class BulkFilling:
         return entry.size, "", entry.size
 
     @contextlib.asynccontextmanager
-    async def _fill_lock_async(self, key: str) -> AsyncIterator[None]:
+    async def _fill_lock_async(self, key: str) -> AsyncIterator[bool]:
         """``key``'s fill lock, for a coroutine: awaited while another coroutine here holds it,
-        polled (never blocking the loop) while a thread or another process does."""
+        polled (never blocking the loop) while a thread or another process does. Gives whether it
+        had to wait for another."""
         held = self._held
+        waited = False
         while key in held:
+            waited = True
             await held[key].wait()
         held[key] = released = asyncio.Event()
         try:
             pause = 0.002
             while not self._fill_locks.try_hold(key):
+                waited = True
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, 0.05)
             try:
-                yield
+                yield waited
             finally:
                 self._fill_locks.release(key)
         finally:

@@ -7,7 +7,7 @@ bytes the server sent (from fake-gcs-server's access log: objects served times t
 bytes of cached data on disk (sampled every 20 ms). Before each later epoch the kept files are dropped from the
 page cache, so a hit is a disk read. Figures are ``lab:<profile>`` numbers; ``make bench-shards`` runs it.
 
-The child side (``python -m dataferry.lab.shardbench CONFIG_JSON``) prints one JSON line.
+The child side (``python -m dataferry.lab.shardbench``) reads its settings as JSON on stdin and prints one JSON line.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def shard_epochs(lab: Lab, bucket: str, files: str, shards: str, work: Path, *, 
                   "sizes": sizes, "work": str(where), "budget": budget, "epochs": epochs, "workers": workers,
                   "batch": batch, "shuffle": shuffle, "seed": seed, "endpoint": lab.endpoint,
                   "lab_state": str(lab.state_dir)}
-        proc = subprocess.run([sys.executable, "-m", "dataferry.lab.shardbench", json.dumps(config)],
+        proc = subprocess.run([sys.executable, "-m", "dataferry.lab.shardbench"], input=json.dumps(config),
                               env={**os.environ, **lab.env()}, capture_output=True, text=True, timeout=3600)
         subprocess.run(["rm", "-rf", str(where)], check=True)
         if proc.returncode != 0:
@@ -296,4 +296,4 @@ def bench_shards(out: str | os.PathLike[str] = "build/bench/shards.json", *, sam
     return results
 
 if __name__ == "__main__":
-    print(json.dumps(_child(json.loads(sys.argv[1]))))
+    print(json.dumps(_child(json.load(sys.stdin))))

@@ -227,12 +227,13 @@ def plot_shard_epochs(runs: dict[str, list[dict[str, Any]]], budget: int, data_b
         axes[1].bar(x, [e["served_bytes"] / 1e6 for e in epochs], width, label=method)
         axes[2].bar(x, [e["peak_disk_bytes"] / 1e6 for e in epochs], width, label=method)
     epochs_seen = sorted({e["epoch"] for es in runs.values() for e in es})
-    axes[1].axhline(data_bytes / 1e6, color="black", ls=":", lw=1, label="whole data set")
-    axes[2].axhline(budget / 1e6, color="red", ls="--", lw=1, label="budget")
+    whole = axes[1].axhline(data_bytes / 1e6, color="black", ls=":", lw=1, label="whole data set")
+    limit = axes[2].axhline(budget / 1e6, color="red", ls="--", lw=1, label="budget")
     for ax, label in zip(axes, ("samples/s", "MB served by the bucket", "peak disk of the cache (MB)")):
         ax.set(xlabel="epoch", ylabel=label, xticks=epochs_seen)
-    axes[0].legend(fontsize=8)
-    axes[2].legend(fontsize=8)
+    bars = axes[0].get_legend_handles_labels()[0]
+    fig.legend([*bars, whole, limit], [*runs, "whole data set", "budget"], loc="outside lower center",
+               ncol=len(runs) + 2, fontsize=8)
     fig.suptitle(f"{data_bytes / 1e6:.0f} MB through a {budget / 1e6:.0f} MB cache, {where}", fontsize=10)
     return fig
 

@@ -66,8 +66,8 @@ class CachedDataset(Dataset):
             # Replaced since listing and not cached: read the current version rather than fail.
             self._replaced[range(len(self.entries))[index]] = entry = self.source.stat(entry.name)
             data = self.cache.read(self.source, entry)
-        # Read for this epoch: when room is needed it goes before what was fetched ahead and not yet read.
-        self.cache.demote(self.source, [entry])
+        if self.cache.max_bytes is not None:  # under a budget: room comes from what this epoch has read
+            self.cache.demote(self.source, [entry])
         return self.decode(data) if self.decode is not None else data
 
     def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> PrefetchingSampler:

@@ -177,7 +177,7 @@ class BulkFilling:
         download loop (one hand-over to it, not one per item), one per item on a small pool of
         this process's threads for a source without ``fetch_async``."""
         if fetches_async(source):
-            return [aio.submit(self._fill_all_async(source, list(items), ahead=True))]
+            return [aio.submit(self._fill_all_async(source, list(items)))]
         with self._mutex:
             if self._fill_threads is None:
                 self._fill_threads = ThreadPoolExecutor(8, thread_name_prefix="dataferry-fill")
@@ -192,9 +192,9 @@ class BulkFilling:
                 failed.append((item.name, e))
         return failed
 
-    async def _fill_all_async(self, source: Source, items: list[Entry],
-                              ahead: bool = False) -> list[tuple[str, BaseException]]:
-        outcomes = await asyncio.gather(*(self._fill_async(source, item, ahead) for item in items),
+    async def _fill_all_async(self, source: Source, items: list[Entry]) -> list[tuple[str, BaseException]]:
+        """:meth:`fill_later`'s batch: fills ahead of a reader."""
+        outcomes = await asyncio.gather(*(self._fill_async(source, item, ahead=True) for item in items),
                                         return_exceptions=True)
         return [(item.name, out) for item, out in zip(items, outcomes) if isinstance(out, BaseException)]
 

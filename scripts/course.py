@@ -66,12 +66,32 @@ def execute(out: Path, ci: bool, only: list[str] | None = None) -> list[Path]:
     return done
 
 
+def pooled_conclusion(executed: Path) -> str:
+    """What lesson 07's conclusion cell printed, as markdown: the Results page says it in words."""
+    if not executed.exists():
+        return ""
+    cells = json.loads(executed.read_text())["cells"]
+    printed = "".join("".join(o["text"]) for c in cells if c.get("id") == "l07-17c"
+                      for o in c.get("outputs", []) if o.get("output_type") == "stream" and o.get("name") == "stdout")
+    return printed.strip()
+
+
 def build_book(out: Path) -> Path:
-    """Copy book/ and the executed lessons into one source folder and build it (warnings are errors)."""
+    """Copy book/ and the executed lessons into one source folder and build it (warnings are errors).
+
+    The Results page gets lesson 07's computed conclusion, word for word, above the figures."""
     src = out / "book-src"
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(ROOT / "book", src)
     shutil.copytree(out / "notebooks", src / "notebooks")
+    said = pooled_conclusion(out / "notebooks" / "07_analysis.ipynb")
+    if said:
+        results = src / "results.md"
+        text = results.read_text()
+        heading = "## First read vs repeated reads, by method"
+        results.write_text(text.replace(heading, "## What the pooled runs show\n\nLesson 07 computed this from the "
+                                        "pooled rows when the course was built; it is its output, word for word:\n\n"
+                                        f"{said}\n\n{heading}", 1))
     figures = out / "ci-figures" if (out / "ci-figures").exists() else ROOT / "figures"
     shutil.copytree(figures, src / "figures", dirs_exist_ok=True)
     html = out / "book"
@@ -91,6 +111,9 @@ def main() -> int:
     out = Path(args.out).absolute()
     os.environ.setdefault("DATAFERRY_LAB_STATE", str(out / "lab-state"))
     os.environ.pop("MPLBACKEND", None)  # let each kernel use its inline backend, so figures are embedded
+    # Progress bars are for someone watching; in an executed notebook every redraw would stay behind as a
+    # stderr chunk. tqdm (>= 4.66) reads TQDM_* variables as defaults for its arguments.
+    os.environ.setdefault("TQDM_DISABLE", "1")
     from dataferry.lab import Lab
 
     t0 = time.monotonic()

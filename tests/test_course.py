@@ -107,6 +107,112 @@ def test_every_lesson_executes_under_ci_parameters(course):
     assert "lab stopped" in stdout and "the book:" in stdout
 
 
+# A number in prose: digits not glued to a word ("CRC32C", "l04"), with an optional decimal part.
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]\w)")
+# Numbers that name something rather than state a result: "lesson 05", "epoch 1", "pass 2", "the 2020 post".
+NAMING = re.compile(r"\b(?:lessons?|epochs?|pass(?:es)?|steps?|sections?|cells?|issues?)\s+\d+(?:\s*(?:-|and|to)\s*\d+)?"
+                    r"|\b(?:19|20)\d\d\b(?=\s+(?:post|method|blog))", re.I)
+HEADING = re.compile(r"^#+\s+(.*)$", re.M)
+
+
+def unbacked_conclusion_numbers(notebook: dict) -> list[str]:
+    """Numbers that a markdown cell under a "Conclusion" heading states and no output of the run printed.
+
+    A conclusion is the markdown from a heading that starts with "Conclusion" to the next heading; its
+    numbers must come from the run (an output's text), or be names (lesson 05, epoch 1, the 2020 post).
+    """
+    printed = " ".join(_output_text(o) for c in notebook["cells"] for o in c.get("outputs", []))
+    printed_numbers = set(NUMBER.findall(printed))
+    missing, inside = [], False
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        text = _source(cell)
+        headings = HEADING.findall(text)
+        if headings:
+            inside = headings[-1].strip().lower().startswith("conclusion")
+        if inside:
+            prose = NAMING.sub(" ", HEADING.sub(" ", text))
+            missing += [n for n in NUMBER.findall(prose) if n not in printed_numbers]
+    return missing
+
+
+def _output_text(output: dict) -> str:
+    if "text" in output:
+        return _source({"source": output["text"]})
+    data = output.get("data", {})
+    return " ".join(_source({"source": data[k]}) for k in ("text/plain", "text/markdown", "text/html") if k in data)
+
+
+def conclusion_printout(notebook: dict) -> str:
+    """What the code cells of the "Conclusion" section printed: the conclusion computed from the run."""
+    printed, inside = [], False
+    for cell in notebook["cells"]:
+        headings = HEADING.findall(_source(cell)) if cell["cell_type"] == "markdown" else []
+        if headings:
+            inside = headings[-1].strip().lower().startswith("conclusion")
+        elif inside and cell["cell_type"] == "code":
+            printed += [_output_text(o) for o in cell.get("outputs", []) if o.get("output_type") == "stream"]
+    return "".join(printed).strip()
+
+
+def test_the_conclusion_check_flags_a_number_the_run_did_not_print():
+    def nb(conclusion, printed):
+        return {"cells": [
+            {"cell_type": "markdown", "source": "## Method\nWe read 96 files."},
+            {"cell_type": "code", "source": "", "outputs": [{"output_type": "stream", "text": [printed]}]},
+            {"cell_type": "markdown", "source": conclusion},
+        ]}
+
+    assert unbacked_conclusion_numbers(nb("## Conclusion\nEpoch 2 ran at local-disk speed, 612 MB/s.",
+                                          "epoch 2: 612 MB/s\n")) == []
+    assert unbacked_conclusion_numbers(nb("## Conclusion\nLater epochs ran at 700 MB/s, 3.5x faster.",
+                                          "epoch 2: 612 MB/s\n")) == ["700", "3.5"]
+    assert unbacked_conclusion_numbers(nb("## Conclusion\nSee lesson 05 and the 2020 post; CRC32C checks.",
+                                          "")) == []
+    assert unbacked_conclusion_numbers(nb("## Next\nThe 96 files were 7 MB.", "")) == [], "only conclusions"
+    assert conclusion_printout(nb("## Conclusion", "x")) == "", "the printout comes from cells under the heading"
+    computed = nb("## Conclusion", "")
+    computed["cells"].append({"cell_type": "code", "source": "", "outputs": [{"output_type": "stream", "text": "ok"}]})
+    assert conclusion_printout(computed) == "ok"
+
+
+def test_conclusions_are_printed_by_the_run_and_state_no_number_it_did_not_print(course):
+    out, _ = course
+    for path in LESSONS:
+        executed = json.loads((out / "notebooks" / path.name).read_text())
+        assert unbacked_conclusion_numbers(executed) == [], f"{path.name}: a conclusion states numbers the run did not print"
+        if path.stem != "00_start_here":  # the tour measures one file; its conclusion is computed too
+            assert len(conclusion_printout(executed)) > 80, f"{path.name}: the conclusion is not computed from the run"
+
+
+def test_no_figure_of_the_course_pools_regions_file_sizes_or_lessons(course):
+    """Every box of every figure the lessons drew through dataferry.plots holds one region, one file
+    size and (where the rows name it) one lesson; the standard figures of lessons 06 and 07 are among them."""
+    from dataferry.plots import box_provenance
+
+    out, _ = course
+    checked = {}
+    for png in sorted((out / "ci-figures").glob("*.png")):
+        boxes = box_provenance(png)
+        if boxes is None:
+            continue
+        checked[png.stem] = len(boxes)
+        for box in boxes:
+            assert len(box["regions"]) <= 1 and len(box["sizes"]) <= 1 and len(box["lessons"]) <= 1, (png.name, box)
+    assert {"06_by_region", "07_first_vs_repeat", "07_by_region", "07_per_epoch"} <= set(checked), checked
+    assert checked["07_first_vs_repeat"] > 0
+
+
+def test_the_results_page_says_what_lesson_07_concluded(course):
+    out, _ = course
+    executed = json.loads((out / "notebooks" / "07_analysis.ipynb").read_text())
+    said = conclusion_printout(executed).splitlines()[0]
+    page = (out / "book" / "_build" / "html" / "results.html").read_text()
+    assert "What the pooled runs show" in page
+    assert said.split(":")[0] in re.sub(r"<[^>]+>", "", page), "the page quotes lesson 07's computed conclusion"
+
+
 def test_book_pages_load_with_their_figures_in_chromium(course):
     out, _ = course
     html = out / "book" / "_build" / "html"
@@ -159,7 +265,7 @@ def test_lessons_run_under_nbval(tmp_path):
                         str(prepared / path.name), *args], check=True, capture_output=True, timeout=120)
     lab = Lab(state_dir=tmp_path / "lab-state").up()
     try:
-        env = {**os.environ, "DATAFERRY_LAB_STATE": str(tmp_path / "lab-state")}
+        env = {**os.environ, "DATAFERRY_LAB_STATE": str(tmp_path / "lab-state"), "TQDM_DISABLE": "1"}
         env.pop("MPLBACKEND", None)
         proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
                                "-o", "testpaths=", *map(str, sorted(prepared.glob("*.ipynb")))],

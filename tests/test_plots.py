@@ -13,12 +13,15 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("seaborn")
 
 from dataferry.plots import (  # noqa: E402
+    LAB_REGIONS_BY_DISTANCE,
     METHOD_ORDER,
+    box_provenance,
     by_region,
     by_runtime,
     first_vs_repeat,
     method_palette,
     per_epoch,
+    save,
     standard_figures,
 )
 from dataferry.timing import COLUMNS  # noqa: E402
@@ -38,7 +41,7 @@ def _row(**values) -> dict:
 
 
 def make_rows(methods=METHODS, passes=(1, 2), repeats=5, regions=REGIONS, runtimes=("local-cpu",),
-              seed=0) -> pd.DataFrame:
+              seed=0, file_bytes=(1_000_000,)) -> pd.DataFrame:
     """Epoch rows for every combination, a few read rows, and one failed epoch row."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -47,11 +50,13 @@ def make_rows(methods=METHODS, passes=(1, 2), repeats=5, regions=REGIONS, runtim
             for runtime in runtimes:
                 for p in passes:
                     for r in range(repeats):
-                        mbps = BASE_MBPS.get(method, 100.0) * (1 if p == 1 else 5) * rng.uniform(0.8, 1.2)
-                        nbytes = 100_000_000
-                        ns = int(nbytes / mbps * 1e3)
-                        rows.append(_row(method=method, region=region, runtime=runtime, file="", bytes=nbytes,
-                                         ns=ns, MBps=mbps, phase="epoch", repeat=r, error="", **{"pass": p}))
+                        for size in file_bytes:
+                            mbps = BASE_MBPS.get(method, 100.0) * (1 if p == 1 else 5) * rng.uniform(0.8, 1.2)
+                            nbytes = 100_000_000
+                            ns = int(nbytes / mbps * 1e3)
+                            rows.append(_row(method=method, region=region, runtime=runtime, file="", bytes=nbytes,
+                                             file_bytes=size, ns=ns, MBps=mbps, phase="epoch", repeat=r, error="",
+                                             **{"pass": p}))
                 # read rows for the same groups: must not be counted in the epoch figures
                 rows.append(_row(method=method, region=region, runtime=runtimes[0], file="a.bin", bytes=1_000_000,
                                  ns=10_000_000, MBps=100.0, phase="read", repeat=0, error="", **{"pass": 1}))
@@ -72,7 +77,7 @@ def _all_text(fig) -> str:
 
 
 def test_standard_figures_writes_svg_and_png(tmp_path):
-    rows = make_rows()
+    rows = make_rows(runtimes=("local-cpu", "colab-gpu"))
     written = standard_figures(rows, tmp_path / "figs", prefix="t_")
     assert set(written) == {"first_vs_repeat", "by_region", "by_runtime", "per_epoch"}
     files = [p for paths in written.values() for p in paths]
@@ -113,13 +118,16 @@ def test_first_vs_repeat_present_methods_log_scale_and_n():
     assert "1 failed epoch" in _all_text(fig)
 
 
-def test_n_labels_match_group_sizes_when_pooled():
-    rows = make_rows()
-    ax = first_vs_repeat(rows).axes[0]
+def test_n_labels_match_group_sizes_in_each_region_panel():
+    rows = make_rows(runtimes=("local-cpu", "colab-gpu"))
+    fig = first_vs_repeat(rows)
+    assert [ax.get_title() for ax in fig.axes] == ["lab:cross-continent, ~1 MiB files", "us-central1, ~1 MiB files"]
     ok = rows[(rows["phase"] == "epoch") & (rows["error"] == "")]
-    expected = ok.groupby(["method", ok["pass"] >= 2]).size()
-    assert sorted(_n_labels(ax)) == sorted(expected.tolist()) == [10] * 6
-    assert "lab: offline lab profile, not a cloud measurement" in _all_text(ax.figure)
+    for ax, region in zip(fig.axes, REGIONS):
+        mine = ok[ok["region"] == region]
+        expected = mine.groupby(["method", mine["pass"] >= 2]).size()
+        assert sorted(_n_labels(ax)) == sorted(expected.tolist()) == [10] * 6, "two runtimes pool; regions do not"
+    assert "lab: offline lab profile, not a cloud measurement" in _all_text(fig)
 
 
 def test_error_rows_are_excluded():
@@ -140,13 +148,77 @@ def test_faceted_figures_and_per_epoch():
         assert ax.get_yscale() == "log"
         assert _n_labels(ax) == [5] * 6  # 2 regions x 3 methods
     fig = by_runtime(rows)
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["local-cpu"]
-    assert _n_labels(fig.axes[0]) == [10] * 3
+    assert "no region and file size\nwas measured on two runtime kinds" in _all_text(fig), \
+        "one runtime kind per setting says nothing about runtimes"
+    assert all(_n_labels(ax) == [] for ax in fig.axes)
+    fig = by_runtime(make_rows(runtimes=("local-cpu", "colab-gpu")))
+    assert len(fig.axes) == 4  # two settings (regions) with two runtimes each, first read and repeat
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["colab-gpu", "local-cpu"]
+    assert _n_labels(fig.axes[0]) == [5] * 6
     fig = per_epoch(rows)
+    assert len(fig.axes) == 2
     ax = fig.axes[0]
     assert ax.get_yscale() == "log"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert [label.split()[0] for label in labels] == ["local", "gcsfuse", "api-serial"]
+
+
+@pytest.mark.parametrize("draw", [first_vs_repeat, by_region, by_runtime, per_epoch], ids=lambda d: d.__name__)
+def test_no_box_pools_two_regions_or_two_file_sizes_and_the_png_says_so(draw, tmp_path):
+    rows = make_rows(runtimes=("local-cpu", "colab-gpu"), file_bytes=(256 * 1024, 2 * 1024 * 1024))
+    rows["lesson"] = "06_by_region"
+    _, png = save(draw(rows), tmp_path / draw.__name__)
+    boxes = box_provenance(png)
+    assert boxes, "every box is recorded in the PNG"
+    for box in boxes:
+        assert len(box["regions"]) == 1 and len(box["sizes"]) == 1 and box["lessons"] == ["06_by_region"], box
+    assert {box["sizes"][0] for box in boxes} == {"256 KiB files", "2 MiB files"}
+    assert {box["regions"][0] for box in boxes} == set(REGIONS)
+    ok = rows[(rows["phase"] == "epoch") & (rows["error"] == "")]
+    assert sum(box["n"] for box in boxes) == len(ok), "every usable row is in exactly one box"
+
+
+def test_a_figure_drawn_by_hand_has_no_box_record(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    plt.close(fig)
+    ax.plot([1, 2], [3, 4])
+    _, png = save(fig, tmp_path / "hand")
+    assert box_provenance(png) is None
+
+
+def test_regions_run_nearest_first_lab_profiles_by_round_trip():
+    from dataferry.lab.profiles import PROFILES
+
+    assert list(LAB_REGIONS_BY_DISTANCE) == [f"lab:{p.name}" for p in sorted(PROFILES.values(), key=lambda p: p.rtt_ms)]
+    regions = ("lab:cross-continent", "lab:colocated", "lab:same-continent")
+    fig = by_region(make_rows(regions=regions))
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == \
+        ["lab:colocated", "lab:same-continent", "lab:cross-continent"]
+
+
+def test_a_box_of_equal_values_keeps_its_method_colour():
+    from dataferry.plots import method_palette
+
+    rows = make_rows(methods=("gcsfuse",), regions=("us-central1",), repeats=3)
+    rows.loc[rows["phase"] == "epoch", "MBps"] = 50.0
+    ax = first_vs_repeat(rows).axes[0]
+    dots = [c for c in ax.collections if c.get_gid() == "values"]
+    assert len(dots) == 2, "first read and repeat each show their values"
+    colour = method_palette(["gcsfuse"])["gcsfuse"]
+    assert all(np.allclose(c.get_facecolor()[0][:3], colour) for c in dots)
+
+
+def test_first_vs_repeat_on_callers_axes_refuses_two_regions():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        with pytest.raises(ValueError, match="2 region and file-size settings"):
+            first_vs_repeat(make_rows(), ax=ax)
+    finally:
+        plt.close(fig)
 
 
 def test_empty_frame_says_no_data(tmp_path):
@@ -175,8 +247,8 @@ def test_first_vs_repeat_on_callers_axes():
 
     fig, (left, right) = plt.subplots(1, 2)
     try:
-        assert first_vs_repeat(make_rows(), ax=right) is fig
-        assert _n_labels(right) == [10] * 6 and _n_labels(left) == []
+        assert first_vs_repeat(make_rows(regions=("lab:cross-continent",)), ax=right) is fig
+        assert _n_labels(right) == [5] * 6 and _n_labels(left) == []
         assert "lab: offline lab profile" in right.get_title()
     finally:
         plt.close(fig)

@@ -78,6 +78,9 @@ def test_results_go_home_off_colab_never_relative_to_the_notebook(outside, monke
     assert c.figures_dir == tmp_path / "home" / "dataferry" / "figures" and c.figures_dir.is_dir()
     given = Course("03_gcs_client", "lab", "rel/results", str(tmp_path / "figs"))
     assert given.results_dir == tmp_path / "rel" / "results", "a relative folder given is made absolute at once"
+    archive = given.finish()
+    assert archive.parent == tmp_path / "rel" / "downloads", "the zip lies next to the results it holds, not in home"
+    assert not (tmp_path / "home" / "dataferry" / "downloads").exists()
     monkeypatch.setenv("DATAFERRY_HOME", str(tmp_path / "elsewhere"))
     assert course_home() == (tmp_path / "elsewhere", "$DATAFERRY_HOME")
 

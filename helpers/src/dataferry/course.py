@@ -30,13 +30,33 @@ from dataferry.runtime import Region, detect_region
 
 __all__ = ["WHERE_CHOICES", "INSTALL_ENV", "HOME_ENV", "IP_LOOKUP_URL", "PublicDataset", "PUBLIC_DATASETS",
            "CloudData", "repository", "install_requirement", "resolve_where", "course_home", "shipped_results",
-           "bucket_location", "Course"]
+           "bucket_location", "Course", "POST_2020", "post_quote"]
 
 WHERE_CHOICES = ("auto", "lab", "public", "mine")
 INSTALL_ENV = "DATAFERRY_INSTALL"
 HOME_ENV = "DATAFERRY_HOME"
 #: The geo-IP service the 2020 post used; asked in Colab only when the metadata server is silent.
 IP_LOOKUP_URL = "https://ipinfo.io/json"
+#: The 2020 post the course revisits ("Large datasets on Colab", 18 September 2020) and the sentences
+#: the lessons quote from it, word for word; lessons print them with :func:`post_quote`, never paraphrase
+#: a number of it.
+POST_2020 = {
+    "title": "Large datasets on Colab",
+    "url": "https://sharkovsky.github.io/2020/09/18/colab-io-bench.html",
+    "quotes": {
+        "bottleneck": "the major bottleneck for the performance of reading the training dataset is the time "
+                      "required to transfer the files from their remote location to the Colab environment during "
+                      "the first epoch",
+        "region": "geographic location plays an important role in affecting the performance, while choosing a "
+                  "cpu, gpu or tpu runtime does not",
+        "region_boost": "a 2x-10x boost",
+        "first_read": "during the first read, all bandwidths are the same",
+        "second_read": "more than 1000x faster for GDrive and the Manual approach",
+        "gcsfuse": "GCSFuse does not seem to aggressively exploit the read-only nature of ML workflows, meaning "
+                   "that subsequent reads after the first are almost as slow as the first one",
+        "upload": "it can take up to 6 hours to upload a <2 GB dataset to the Colab environment",
+    },
+}
 COLAB_CONTENT = Path("/content")
 COLAB_DRIVE = COLAB_CONTENT / "drive" / "MyDrive"
 
@@ -79,6 +99,11 @@ PUBLIC_DATASETS = {
         ".TIF", "one Landsat 8 scene: a dozen GeoTIFF bands of tens of MB each",
         "https://cloud.google.com/storage/docs/access-public-data"),
 }
+
+
+def post_quote(key: str) -> str:
+    """One sentence of the 2020 post, in quotation marks, exactly as it wrote it (keys: ``POST_2020["quotes"]``)."""
+    return f"\u201c{POST_2020['quotes'][key]}\u201d"
 
 
 def repository() -> str:
@@ -228,7 +253,7 @@ class Course:
             print(f"Results are on your Drive ({self.home}): nothing to download.")
             return None
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        staging = self.home / "downloads" / f"dataferry-{self.lesson}-{stamp}"
+        staging = self.results_dir.parent / "downloads" / f"dataferry-{self.lesson}-{stamp}"  # next to the results
         for folder in (self.results_dir, self.figures_dir):
             if folder.is_dir():
                 shutil.copytree(folder, staging / folder.name, dirs_exist_ok=True)

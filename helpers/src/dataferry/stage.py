@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 import zlib
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
-with warnings.catch_warnings():
-    # Without ipywidgets, tqdm.auto falls back to a text bar and warns; the text bar is fine.
-    warnings.filterwarnings("ignore", message="IProgress not found")
-    from tqdm.auto import tqdm
-
 from dataferry.cache import Cache
+from dataferry.progress import progress_bar
 from dataferry.sources import Entry, Source, fetches_async
 
 __all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "BUCKET_IN_FLIGHT", "width_for", "shard_of"]
@@ -94,7 +89,7 @@ def stage(
         items = (item for item in items
                  if shard_of(item.name if isinstance(item, Entry) else item, world_size) == rank)
     report = StageReport(rank=rank, world_size=world_size)
-    bar = tqdm(desc=f"staging {source.uri}", unit="file", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(progress, desc=f"staging {source.uri}", unit="file", dynamic_ncols=True)
     t0 = time.perf_counter()
     for filled in cache.fill_many(source, items, width=workers or width_for(source)):
         if filled.error is not None:

@@ -130,12 +130,20 @@ def _port_owner(port: int) -> str:
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
-        with contextlib.suppress(OSError):
-            for fd in (d / "fd").iterdir():
+        try:
+            fds = list((d / "fd").iterdir())
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in fds:
+            try:  # one fd closing meanwhile (the listing's own, for one) must not hide the others
                 target = os.readlink(fd)
-                if target.startswith("socket:[") and target[8:-1] in inodes:
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                with contextlib.suppress(OSError):
                     cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
                     return f"pid {d.name} ({cmd[:120]})"
+                return f"pid {d.name}"
     return "another program"
 
 

@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from dataferry.cache import Cache
 from dataferry.cache.checksum import file_crc
+from dataferry.progress import progress_bar
 from dataferry.shards.tar import ShardFormatError, TarShardWriter, split_name
 from dataferry.sources import Entry, NotFoundAtSource, Source, from_uri
 
@@ -123,7 +122,7 @@ def make_shards(source: Source | str, dest: str | os.PathLike[str], *, shard_byt
     out = _Destination(dest, client)
     shards: list[ShardInfo] = []
     with tempfile.TemporaryDirectory(prefix="dataferry-shards-") as tmp, \
-            tqdm(total=len(entries), desc=f"packing into {out.uri}", unit="file", disable=not progress) as bar:
+            progress_bar(progress, total=len(entries), desc=f"packing into {out.uri}", unit="file") as bar:
         cache = Cache(Path(tmp) / "cache", min_free_bytes=0)
         for i, groups in enumerate(plan):
             info = ShardInfo(pattern.format(i))

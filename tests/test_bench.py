@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dataferry.bench import LAB_METHODS
+from dataferry.bench import LAB_METHODS, PARALLEL_WORKERS
 from dataferry.lab import plan_dataset
 from dataferry.timing import load_results
 
@@ -49,6 +49,28 @@ def test_lab_bench_has_every_methods_rows_with_state_and_region(lab_run):
     assert (reads["bytes"] == 256 * 1024).all(), "bytes come from what the reads returned"
     meta = json.loads((out / "run" / "run_meta.json").read_text())
     assert meta["seed"] == 0 and meta["runtime"]["kind"] and meta["profiles"]["cross-continent"]["rtt_ms"] == 120
+
+
+def test_folder_methods_read_as_wide_as_the_api_and_the_serial_variant_one_file_at_a_time(lab_run):
+    """A DataLoader with workers reads a mount in parallel: gcsfuse, its file cache and local disk are read
+    by as many threads as api-parallel downloads with, and "-serial" keeps the 2020 post's one-at-a-time."""
+    out, _ = lab_run
+    rows = load_results(out / "run")
+    ok = rows[rows["error"] == ""]
+    widths = {"gcsfuse": PARALLEL_WORKERS, "gcsfuse-cache": PARALLEL_WORKERS, "local": PARALLEL_WORKERS,
+              "api-parallel": PARALLEL_WORKERS, "gcsfuse-serial": 1, "api-serial": 1}
+    for method, width in widths.items():
+        epochs = ok[(ok["phase"] == "epoch") & (ok["method"] == method)]
+        assert len(epochs) == 4 and (epochs["concurrency"] == width).all(), (method, epochs["concurrency"].tolist())
+    first = ok[ok["pass"] == 1]
+    for (method, repeat), reads in first[(first["phase"] == "read") &
+                                         first["method"].isin(["gcsfuse", "gcsfuse-serial"])].groupby(["method", "repeat"]):
+        epoch = first[(first["phase"] == "epoch") & (first["method"] == method) & (first["repeat"] == repeat)]
+        wall, busy = int(epoch["ns"].iloc[0]), int(reads["ns"].sum())
+        if method == "gcsfuse":  # four 120 ms round trips at once: the reads overlap
+            assert busy > 2 * wall, (method, repeat, busy, wall)
+        else:
+            assert busy <= wall, (method, repeat, busy, wall)
 
 
 def test_lab_bench_writes_figures_table_and_json(lab_run):

@@ -13,6 +13,7 @@ import random
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from dataferry.cache import Cache
 from dataferry.sources import GCSSource
-from dataferry.stage import stage, tqdm, width_for
+from dataferry.progress import progress_bar
+from dataferry.stage import stage, width_for
 from dataferry.timing import Results, evict, timed_read
 
 if TYPE_CHECKING:
@@ -34,8 +36,12 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 # -- first vs repeated reads, by method and region ------------------------------------------------
 
-LAB_METHODS = ("local", "gcsfuse", "gcsfuse-cache", "api-serial", "api-parallel", "dataferry")
+LAB_METHODS = ("local", "gcsfuse", "gcsfuse-serial", "gcsfuse-cache", "api-serial", "api-parallel", "dataferry")
+#: How many files at once a parallel method reads (and api-parallel downloads): a DataLoader with workers
+#: reads a mount in parallel, so folder methods are read as wide as the API's; "-serial" reads one at a time.
 PARALLEL_WORKERS = 16
+FOLDER_METHODS = ("local", "folder", "gcsfuse", "gcsfuse-cache")
+SERIAL = "-serial"
 
 
 @dataclass
@@ -73,16 +79,25 @@ class _Pass:
     def row(self, **values: Any) -> None:
         self.results.add(**self.common, **values)
 
-    def read_files(self, paths: dict[str, Path], state: str, eviction: str, **common: Any) -> None:
-        for name, path in paths.items():
+    def read_files(self, paths: dict[str, Path], state: str, eviction: str, width: int = 1, **common: Any) -> None:
+        """Read every file whole, ``width`` at a time (threads), one row per file in ``paths`` order."""
+        def read(path: Path) -> Any:
             try:
-                s = timed_read(path)
-                self.row(file=name, file_bytes=self.target.sizes[name], bytes=s.bytes, phase="read",
-                         cache_state=state, eviction=eviction, concurrency=1, open_ns=s.open_ns,
-                         first_byte_ns=s.first_byte_ns, read_ns=s.read_ns, close_ns=s.close_ns, ns=s.ns, **common)
+                return timed_read(path)
             except OSError as e:
-                self.row(file=name, file_bytes=self.target.sizes[name], phase="read", cache_state=state,
-                         eviction=eviction, error=f"{e.__class__.__name__}: {e}", **common)
+                return e
+
+        with ThreadPoolExecutor(width) if width > 1 else contextlib.nullcontext() as pool:
+            done = pool.map(read, paths.values()) if pool else map(read, paths.values())
+            for name, s in zip(paths, done):
+                if isinstance(s, OSError):
+                    self.row(file=name, file_bytes=self.target.sizes[name], phase="read", cache_state=state,
+                             eviction=eviction, concurrency=width, error=f"{s.__class__.__name__}: {s}", **common)
+                else:
+                    self.row(file=name, file_bytes=self.target.sizes[name], bytes=s.bytes, phase="read",
+                             cache_state=state, eviction=eviction, concurrency=width, open_ns=s.open_ns,
+                             first_byte_ns=s.first_byte_ns, read_ns=s.read_ns, close_ns=s.close_ns, ns=s.ns,
+                             **common)
 
     def evicted(self, paths: Iterable[Path], warm_state: str | None = None) -> tuple[str, str]:
         """Evict the page cache and say which state the next reads are in, and how eviction went:
@@ -108,10 +123,10 @@ def _method_state(method: str, target: Target, work: Path) -> Iterator[dict[str,
     """Fresh state for one method's passes: a new mount, an empty cache or copy folder."""
     state: dict[str, Any] = {"dir": Path(tempfile.mkdtemp(prefix=f"{method}-", dir=work))}
     try:
-        if method in ("gcsfuse", "gcsfuse-cache"):
+        if method.removesuffix(SERIAL) in ("gcsfuse", "gcsfuse-cache"):
             if target.mount is None:
                 raise RuntimeError("gcsfuse methods need a gcsfuse mount, and none is available here")
-            with target.mount(method == "gcsfuse-cache") as mount:
+            with target.mount(method.removesuffix(SERIAL) == "gcsfuse-cache") as mount:
                 state["root"] = Path(mount.mountpoint)
                 yield state
         else:
@@ -126,10 +141,14 @@ def _run_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], pass_
     """One epoch of ``method`` over ``order``: set-up outside the clock (listing, timed as its own
     phase on pass 1; page-cache eviction before a repeat), then everything the method needs to
     get every byte, then the epoch row (sum of bytes / wall time of the whole pass)."""
-    run = {"local": _folder_pass, "folder": _folder_pass, "gcsfuse": _folder_pass, "gcsfuse-cache": _folder_pass,
-           "api-serial": _api_pass, "api-parallel": _api_pass, "dataferry": _dataferry_pass}.get(method)
+    base = method.removesuffix(SERIAL)
+    run = ({m: _folder_pass for m in FOLDER_METHODS} | {"api-serial": _api_pass, "api-parallel": _api_pass,
+                                                         "dataferry": _dataferry_pass}).get(method)
+    if run is None and base in FOLDER_METHODS:
+        run = _folder_pass
     if run is None:
-        raise ValueError(f"unknown method {method!r}; known: {', '.join(LAB_METHODS)}, folder")
+        raise ValueError(f"unknown method {method!r}; known: {', '.join(LAB_METHODS)}, folder, and "
+                         f"{', '.join(m + SERIAL for m in FOLDER_METHODS)}")
     t = p.target
     common = {"method": method, "pass": pass_no, **common}
     epoch_ns, concurrency, state = run(p, method, st, order, pass_no == 1, common)
@@ -148,14 +167,16 @@ def _timed_list(p: _Pass, lister: Callable[[], Any], common: dict[str, Any]) -> 
 def _folder_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], first: bool,
                  common: dict[str, Any]) -> tuple[int, int, str]:
     t = p.target
-    root = {"local": t.local_copy, "folder": t.folder}.get(method) or st["root"] / t.prefix
+    base = method.removesuffix(SERIAL)
+    width = 1 if method.endswith(SERIAL) else PARALLEL_WORKERS
+    root = {"local": t.local_copy, "folder": t.folder}.get(base) or st["root"] / t.prefix
     paths = {n: root / n for n in order}
     if first:
         _timed_list(p, lambda: _walk(root), common)
-    state, how = p.evicted(paths.values(), "daemon_warm" if method == "gcsfuse-cache" and not first else None)
+    state, how = p.evicted(paths.values(), "daemon_warm" if base == "gcsfuse-cache" and not first else None)
     t0 = time.perf_counter_ns()
-    p.read_files(paths, state, how, **common)
-    return time.perf_counter_ns() - t0, 1, state
+    p.read_files(paths, state, how, width, **common)
+    return time.perf_counter_ns() - t0, width, state
 
 
 def _api_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], first: bool,
@@ -165,7 +186,7 @@ def _api_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], first
     if not first:
         state, how = p.evicted(st["copies"].values(), "local_copy")
         t0 = time.perf_counter_ns()
-        p.read_files(st["copies"], state, how, **common)
+        p.read_files(st["copies"], state, how, concurrency, **common)
         return time.perf_counter_ns() - t0, concurrency, state
     _timed_list(p, lambda: list(t.bucket.list_blobs(prefix=t.prefix or None)), common)
     copies = st["copies"] = {n: st["dir"] / f"{i:06d}.bin" for i, n in enumerate(order)}
@@ -190,7 +211,7 @@ def _api_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], first
         p.row(phase="download", file=f"({len(order)} files)", file_bytes=t.mean_file_bytes, bytes=t.total_bytes,
               concurrency=concurrency, ns=time.perf_counter_ns() - t0, cache_state="cold_verified",
               error="; ".join(errors)[:2000], **common)
-    p.read_files(copies, "page_warm", "none: just downloaded", **common)
+    p.read_files(copies, "page_warm", "none: just downloaded", concurrency, **common)
     return time.perf_counter_ns() - t0, concurrency, "cold_verified"
 
 
@@ -212,16 +233,23 @@ def _dataferry_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str],
     else:
         state, how = p.evicted((cache.path(t.source, entries[n]) for n in order), "local_copy")
         t0 = time.perf_counter_ns()
-    for n in order:
+    def read(n: str) -> tuple[str, int, Any]:
         r0 = time.perf_counter_ns()
         try:
-            data = cache.read(t.source, entries[n])
-            p.row(phase="read", file=n, file_bytes=t.sizes[n], bytes=len(data), concurrency=1,
-                  ns=time.perf_counter_ns() - r0, cache_state=state, eviction=how, **common)
+            return n, len(cache.read(t.source, entries[n])), time.perf_counter_ns() - r0
         except Exception as e:  # noqa: BLE001 - errors are rows
-            p.row(phase="read", file=n, file_bytes=t.sizes[n], concurrency=1, cache_state=state, eviction=how,
-                  error=f"{e.__class__.__name__}: {e}", **common)
-    return time.perf_counter_ns() - t0, width_for(t.source) if first else 1, "cold_verified" if first else state
+            return n, 0, e
+
+    with ThreadPoolExecutor(PARALLEL_WORKERS) as pool:  # as wide as the other parallel methods read
+        for n, size, ns in pool.map(read, order):
+            if isinstance(ns, Exception):
+                p.row(phase="read", file=n, file_bytes=t.sizes[n], concurrency=PARALLEL_WORKERS, cache_state=state,
+                      eviction=how, error=f"{ns.__class__.__name__}: {ns}", **common)
+            else:
+                p.row(phase="read", file=n, file_bytes=t.sizes[n], bytes=size, concurrency=PARALLEL_WORKERS, ns=ns,
+                      cache_state=state, eviction=how, **common)
+    return time.perf_counter_ns() - t0, width_for(t.source) if first else PARALLEL_WORKERS, \
+        "cold_verified" if first else state
 
 
 def compare_methods(target: Target, results: Results, methods: Sequence[str], *, region: Any, runtime_kind: str,
@@ -388,7 +416,8 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
         results = Results(out, meta)
         say(f"comparing {', '.join(methods)} over {n_files} x {file_bytes / MiB:g} MiB, {passes} passes, "
             f"{repeats} repeats, under {', '.join('lab:' + p for p in profiles)}; rows go to {results.csv_path}")
-        with tqdm(total=len(profiles) * repeats * len(methods) * passes, desc="bench --lab", unit="pass") as bar:
+        passes_in_all = len(profiles) * repeats * len(methods) * passes
+        with progress_bar(total=passes_in_all, desc="bench --lab", unit="pass") as bar:
             for profile in profiles:
                 lab.set_profile(profile)
                 bar.set_postfix_str(f"lab:{profile}")
@@ -470,7 +499,7 @@ def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
     say(f"comparing {', '.join(methods)} over {len(chosen)} files of {uri} ({sum(sizes.values()) / 1e6:.1f} MB), "
         f"region {where}, runtime {runtime.kind}; rows go to {results.csv_path}")
     try:
-        with tqdm(total=repeats * len(methods) * passes, desc="bench", unit="pass") as bar:
+        with progress_bar(total=repeats * len(methods) * passes, desc="bench", unit="pass") as bar:
             compare_methods(target, results, methods, region=where, runtime_kind=runtime.kind, passes=passes,
                             repeats=repeats, seed=seed, work=work, progress=bar)
         batch = b"".join(Cache(work / "h2d").read(source, name) for name in chosen[:8])
@@ -508,7 +537,7 @@ def measure(target: Target, methods: Sequence[str], out: str | os.PathLike[str],
     runtime = capture(region=region)
     with Results(out, {"experiment": "methods", "runtime": runtime.to_dict(), "seed": seed, "passes": passes,
                        "repeats": repeats, "methods": list(methods), **(meta or {})}) as results:
-        with tqdm(total=repeats * len(methods) * passes, desc="measuring", unit="pass") as bar:
+        with progress_bar(total=repeats * len(methods) * passes, desc="measuring", unit="pass") as bar:
             compare_methods(target, results, methods, region=region, runtime_kind=runtime.kind, passes=passes,
                             repeats=repeats, seed=seed, progress=bar)
     rows = load_results(results.csv_path)

@@ -32,7 +32,8 @@ from dataferry.bench import Target, _method_state, lab_target, source_target
 from dataferry.cache import Cache
 from dataferry.feed import PROFILES, ComputeProfile, CudaCompute, EmulatedCompute, EpochReport, feed
 from dataferry.sources import LocalSource
-from dataferry.stage import stage, tqdm
+from dataferry.progress import progress_bar
+from dataferry.stage import stage
 from dataferry.timing import Results, evict, load_results
 
 __all__ = ["AU_METHODS", "compare_au", "au_table", "bench_au"]
@@ -197,7 +198,7 @@ def bench_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], *, 
                 "compute_profiles": [{**c.__dict__} for c in computes], "seed": seed, "epochs": epochs, "repeats": repeats,
                 "batch_size": batch_size, "workers": workers, "methods": methods,
                 "dataset": {"files": len(target.names), "total_bytes": target.total_bytes}}
-        with Results(out, meta) as results, tqdm(total=len(regions) * len(computes) * repeats * len(methods) * epochs,
+        with Results(out, meta) as results, progress_bar(total=len(regions) * len(computes) * repeats * len(methods) * epochs,
                                                  desc="bench --au", unit="epoch") as bar:
             for shaping, region in regions:
                 with shaping:

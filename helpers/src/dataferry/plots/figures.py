@@ -135,7 +135,8 @@ def by_runtime(rows: pd.DataFrame) -> Figure:
     if not settings:
         for ax in grid[0]:
             _no_data(ax, text="no region and file size\nwas measured on two runtime kinds" if len(epochs) else NO_DATA)
-    return _faceted_finish(fig, grid, epochs, notes, methods, palette, "Epoch throughput by runtime", drawn=bool(settings))
+    return _faceted_finish(fig, grid, epochs, notes, methods, palette, "Epoch throughput by runtime",
+                           drawn=bool(settings))
 
 
 def per_epoch(rows: pd.DataFrame) -> Figure:
@@ -166,8 +167,9 @@ def per_epoch(rows: pd.DataFrame) -> Figure:
             med = stats["median"].to_numpy()
             yerr = np.vstack([med - stats["q1"].to_numpy(), stats["q3"].to_numpy() - med])
             n_lo, n_hi = int(stats["n"].min()), int(stats["n"].max())
+            n_text = f"n={n_lo}" if n_lo == n_hi else f"n={n_lo}-{n_hi}"
             ax.errorbar(x, med, yerr=yerr, color=palette[method], marker="o", markersize=5, capsize=3, linewidth=1.5,
-                        label=f"{method} (n={n_lo} per pass)" if n_lo == n_hi else f"{method} (n={n_lo}-{n_hi} per pass)")
+                        label=f"{method} ({n_text} per pass)")
         passes = sorted(sub["pass"].unique())
         ax.set_xticks(passes, [str(p) for p in passes])
         ax.legend(title="method", loc="best", fontsize=7, title_fontsize=8, frameon=False)

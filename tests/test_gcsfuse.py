@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import shutil
 import tarfile
 
 from pathlib import Path
@@ -98,3 +99,28 @@ def test_mount_reaches_an_emulator_through_the_variable_google_cloud_storage_hon
         assert f"--custom-endpoint {gcsfuse_lab.endpoint}/storage/v1/" in " ".join(m.args)
         config = json.loads(Path(m.args[m.args.index("--config-file") + 1]).read_text())
         assert config["enable-hns"] is False
+
+
+def _config(mount):
+    return json.loads(Path(mount.args[mount.args.index("--config-file") + 1]).read_text())
+
+
+def test_the_file_cache_is_bounded_by_the_free_disk_unless_told_otherwise(gcsfuse_lab, lab_bucket, tmp_path):
+    """gcsfuse's own "unlimited" (-1) can fill a Colab runtime's disk: by default the cache is bounded to
+    the free space of its disk less a reserve; -1 still works when asked for, with a warning."""
+    lab_bucket.blob("z.bin").upload_from_string(b"z" * 1000)
+    kwargs = {"endpoint": gcsfuse_lab.endpoint, "anonymous": True, "gcsfuse": gcsfuse_lab.status()["gcsfuse"]["path"]}
+    usage = shutil.disk_usage(tmp_path)
+    with mount_gcsfuse(lab_bucket.name, tmp_path / "a", cache_dir=tmp_path / "cache-a", **kwargs) as m:
+        limit = _config(m)["file-cache"]["max-size-mb"]
+        assert 0 < limit <= (usage.free - max(1 << 30, usage.total // 10)) // 2**20 + 1
+        assert (m.mountpoint / "z.bin").read_bytes() == b"z" * 1000
+    with mount_gcsfuse(lab_bucket.name, tmp_path / "b", cache_dir=tmp_path / "cache-b", cache_max_mb=100, **kwargs) as m:
+        assert _config(m)["file-cache"]["max-size-mb"] == 100
+    with pytest.warns(UserWarning, match="can fill the disk"):
+        with mount_gcsfuse(lab_bucket.name, tmp_path / "c", cache_dir=tmp_path / "cache-c", cache_max_mb=-1,
+                           **kwargs) as m:
+            assert _config(m)["file-cache"]["max-size-mb"] == -1
+    with pytest.raises(MountError, match="free"):
+        mount_gcsfuse(lab_bucket.name, tmp_path / "d", cache_dir=tmp_path / "cache-d",
+                      cache_max_mb=usage.free // 2**20 + 10, **kwargs)

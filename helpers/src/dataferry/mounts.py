@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,26 @@ class GcsfuseMount:
         return f"<GcsfuseMount gs://{self.bucket} at {self.mountpoint} ({state}{cache}, pid {self.pid})>"
 
 
+def _file_cache_mb(cache: Path, asked: int | None) -> int:
+    """gcsfuse's ``file-cache: max-size-mb`` for a cache in ``cache``: what was asked, checked
+    against the disk's free space, or by default that free space less a reserve."""
+    usage = shutil.disk_usage(cache)
+    reserve = max(1 << 30, usage.total // 10)
+    room_mb = (usage.free - reserve) // 2**20
+    if asked == -1:
+        warnings.warn(f"an unlimited gcsfuse file cache can fill the disk under {cache} "
+                      f"({usage.free / 1e9:.1f} GB free): pass cache_max_mb to bound it", UserWarning, stacklevel=3)
+        return -1
+    if asked is not None and asked * 2**20 > usage.free:
+        raise MountError(f"a {asked} MB file cache does not fit: the disk under {cache} has {usage.free // 2**20} MB "
+                         "free. Pass a smaller cache_max_mb, or free some space.")
+    if asked is None and room_mb < 64:
+        raise MountError(f"no room for a file cache under {cache}: {usage.free // 2**20} MB free, and "
+                         f"{reserve // 2**20} MB are kept free for everything else. Free some space, put the "
+                         "cache on another disk, or mount without cache_dir.")
+    return asked if asked is not None else int(room_mb)
+
+
 def _config_text(config: Mapping[str, Any]) -> str:
     """gcsfuse's config file as JSON, which is YAML: every path and value is quoted as it must be."""
     return json.dumps(config, indent=1)
@@ -224,6 +245,7 @@ def mount_gcsfuse(
     *,
     endpoint: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    cache_max_mb: int | None = None,
     anonymous: bool = False,
     gcsfuse: str = "gcsfuse",
     config: Mapping[str, Any] | None = None,
@@ -237,8 +259,11 @@ def mount_gcsfuse(
     ``endpoint`` is a GCS JSON API base such as ``http://127.0.0.1:4443`` (the lab); None means
     ``$STORAGE_EMULATOR_HOST`` when set (the variable google-cloud-storage honours), else Google. A
     custom endpoint turns off gcsfuse's hierarchical-namespace probe, which emulators do not serve.
-    ``cache_dir`` turns on gcsfuse's file cache there (unlimited size): a file read once is
-    re-read from local disk until unmount. ``config`` is merged into the gcsfuse config file.
+    ``cache_dir`` turns on gcsfuse's file cache there: a file read once is re-read from local disk
+    until unmount. Its size is ``cache_max_mb``; None bounds it to the free space of that disk less
+    a reserve (the larger of 1 GiB and a tenth of the disk), because gcsfuse's own "unlimited" (-1)
+    can fill a Colab runtime's disk; -1 is still yours to ask for, with a warning. ``config`` is
+    merged into the gcsfuse config file.
     Raises :class:`MountError` with the tail of gcsfuse's log when it exits or does not answer in
     ``timeout`` seconds. Use the result in a ``with`` block or call ``.unmount()``.
     """
@@ -278,8 +303,13 @@ def mount_gcsfuse(
     cache = Path(cache_dir).absolute() if cache_dir is not None else None
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
+        try:
+            limit = _file_cache_mb(cache, cache_max_mb)
+        except MountError:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
         settings["cache-dir"] = str(cache)
-        settings["file-cache"] = {"max-size-mb": -1, "cache-file-for-range-read": True}
+        settings["file-cache"] = {"max-size-mb": limit, "cache-file-for-range-read": True}
     for key, value in (config or {}).items():
         if isinstance(value, Mapping) and isinstance(settings.get(key), dict):
             settings[key] = {**settings[key], **value}

@@ -240,6 +240,9 @@ def test_book_pages_load_with_their_figures_in_chromium(course):
                 if path.parent.name == "notebooks" or path.name == "results.html":
                     assert any(w > 0 for src, _, w in images if "_images" in src or "figures" in src), \
                         f"{path.name}: no figure"
+                clipped = page.eval_on_selector_all(
+                    "div.cell_output pre, table", "els => els.filter(e => e.scrollWidth > e.clientWidth + 2).length")
+                assert clipped == 0, f"{path.name}: {clipped} printed outputs or tables cut off on the right"
                 links = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
                 for href in links:
                     if href.startswith("file://"):

@@ -30,7 +30,7 @@ from dataferry.runtime import Region, detect_region
 
 __all__ = ["WHERE_CHOICES", "INSTALL_ENV", "HOME_ENV", "IP_LOOKUP_URL", "PublicDataset", "PUBLIC_DATASETS",
            "CloudData", "repository", "install_requirement", "resolve_where", "course_home", "shipped_results",
-           "bucket_location", "Course", "POST_2020", "post_quote"]
+           "bucket_location", "Course", "POST_2020", "post_quote", "show_table"]
 
 WHERE_CHOICES = ("auto", "lab", "public", "mine")
 INSTALL_ENV = "DATAFERRY_INSTALL"
@@ -104,6 +104,22 @@ PUBLIC_DATASETS = {
 def post_quote(key: str) -> str:
     """One sentence of the 2020 post, in quotation marks, exactly as it wrote it (keys: ``POST_2020["quotes"]``)."""
     return f"\u201c{POST_2020['quotes'][key]}\u201d"
+
+
+def show_table(table: Any, **to_markdown: Any) -> None:
+    """Show a table as a table: in a notebook as rendered markdown (an HTML table in Colab and in the book,
+    wrapping to the page), elsewhere as markdown text. ``table`` is markdown text or a DataFrame, whose
+    ``to_markdown`` gets ``to_markdown``'s keywords (e.g. ``index=False, floatfmt=".3g"``)."""
+    text = table if isinstance(table, str) else table.to_markdown(**to_markdown)
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:
+        print(text)
+    else:
+        display(Markdown(text))
 
 
 def repository() -> str:

@@ -21,12 +21,12 @@ Stage first when the data fits on local disk and you want epoch 1 to run at full
 on first read when you want to start training at once, or the data only partly fits (the LRU
 budget keeps the most recently used part).
 
-Modules, lowest floor first: ``host`` (is a process alive, is this Colab), ``aio`` (the
+Modules, lowest floor first: ``host`` (is a process alive, is this Colab), ``progress`` (progress bars), ``aio`` (the
 process's download loop), ``gcs_media`` (GCS media downloads over aiohttp), ``sources`` (where
 bytes live), ``mounts`` (gcsfuse, Drive and the Colab helpers), ``runtime`` (what we run on,
 which region), ``cache`` (the local cache: a package, ``Cache`` its face), ``stage`` (parallel
 staging, prefetch), ``dataset`` (PyTorch), ``shards`` (tar shards streamed through the cache under
-its budget, and making them), ``timing`` (cache-state control, timed reads, result
+its budget, and making them), ``checkpoints`` (checkpoints that survive a disconnect), ``timing`` (cache-state control, timed reads, result
 files), ``stats`` (medians, bootstrap intervals), ``plots`` (the standard figures), ``bench``
 (ready-made experiments), ``course`` (the lessons' choices: which data, where results go, what
 the setup cell installs), ``lab`` (the offline cloud for tests and lessons), ``cli`` (the
@@ -47,6 +47,7 @@ _EXPORTS = {
     "Cache": "dataferry.cache", "CacheStats": "dataferry.cache", "ChecksumError": "dataferry.cache",
     "Prefetcher": "dataferry.stage", "StageReport": "dataferry.stage",
     "CachedDataset": "dataferry.dataset", "ShardDataset": "dataferry.shards", "make_shards": "dataferry.shards",
+    "Checkpoints": "dataferry.checkpoints",
 }
 __all__ = ["__version__", "stage", *_EXPORTS]
 

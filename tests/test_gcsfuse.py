@@ -124,3 +124,13 @@ def test_the_file_cache_is_bounded_by_the_free_disk_unless_told_otherwise(gcsfus
     with pytest.raises(MountError, match="free"):
         mount_gcsfuse(lab_bucket.name, tmp_path / "d", cache_dir=tmp_path / "cache-d",
                       cache_max_mb=usage.free // 2**20 + 10, **kwargs)
+
+
+def test_a_lab_mount_takes_gcsfuse_knobs_read_only_and_one_folder(gcsfuse_lab, lab_bucket):
+    lab_bucket.blob("data/a.bin").upload_from_string(b"a" * 100)
+    lab_bucket.blob("other/b.bin").upload_from_string(b"b" * 100)
+    with gcsfuse_lab.mount(lab_bucket.name, config={"only-dir": "data"}, extra_args=("-o", "ro")) as m:
+        assert sorted(os.listdir(m.mountpoint)) == ["a.bin"], "only-dir shows just that folder"
+        with pytest.raises(OSError, match="Read-only"):
+            (m.mountpoint / "new.txt").write_text("x")
+    assert lab_bucket.get_blob("new.txt") is None

@@ -27,7 +27,7 @@ import time
 import urllib.parse
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -466,8 +466,10 @@ class Lab:
     # -- gcsfuse -------------------------------------------------------------------------------
 
     def mount(self, bucket: str, *, file_cache: bool = False, mountpoint: str | os.PathLike[str] | None = None,
-              timeout: float = 60.0) -> mounts.GcsfuseMount:
-        """Mount a lab bucket with the lab's gcsfuse (through toxiproxy), optionally with its file cache.
+              timeout: float = 60.0, config: dict[str, Any] | None = None,
+              extra_args: Sequence[str] = ()) -> mounts.GcsfuseMount:
+        """Mount a lab bucket with the lab's gcsfuse (through toxiproxy), optionally with its file cache;
+        ``config`` and ``extra_args`` go to :func:`dataferry.mounts.mount_gcsfuse` (gcsfuse's own knobs).
 
         The mount is recorded, so ``down`` unmounts it even from another process.
         """
@@ -482,7 +484,8 @@ class Lab:
         m = mounts.mount_gcsfuse(
             bucket, point, endpoint=state["endpoint"], cache_dir=cache_dir, anonymous=True,
             gcsfuse=state["gcsfuse"]["path"], env={LAB_ID_ENV: state["id"]},
-            log_path=run_dir / "logs" / f"gcsfuse-{bucket}-{tag}.log", timeout=timeout,
+            log_path=run_dir / "logs" / f"gcsfuse-{bucket}-{tag}.log", timeout=timeout, config=config,
+            extra_args=extra_args,
         )
         with self._locked():
             state = self.state

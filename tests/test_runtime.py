@@ -211,3 +211,14 @@ def test_tpu_found_from_colab_variables_and_vfio_groups(monkeypatch, tmp_path) -
     assert rt.kind == "colab-tpu" and rt.tier == "high-RAM" and rt.to_dict()["tier"] == "high-RAM"
     assert Runtime(colab=False, accelerator="cpu", **base).tier is None
     assert Runtime(colab=True, accelerator="cpu", **{**base, "ram_bytes": 12 * 2**30}).tier == "standard"
+
+
+def test_colocation_of_a_runtime_and_a_bucket():
+    from dataferry.runtime import colocation
+
+    assert colocation("us-central1", "US-CENTRAL1") == "same region"
+    assert colocation("us-east1", "US") == "inside the bucket's multi-region"
+    assert colocation("us-east1", "NAM4") == "inside the bucket's multi-region"
+    assert colocation("us-west1", "NAM4") == "another region"
+    assert colocation("europe-west4", "US") == "another region"
+    assert colocation("unknown", "US") == colocation("lab:colocated", "US") == colocation("us-east1", "") == "unknown"

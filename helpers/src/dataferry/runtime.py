@@ -28,7 +28,13 @@ from typing import Any, TypeVar
 
 from dataferry.host import in_colab
 
-__all__ = ["METADATA_URL", "Region", "detect_region", "in_colab", "memory_tier", "Runtime", "capture"]
+__all__ = ["METADATA_URL", "Region", "detect_region", "in_colab", "memory_tier", "Runtime", "capture", "colocation"]
+
+#: Cloud Storage's multi-regions and predefined dual-regions, with the regions that hold their data
+#: (Google's "Bucket locations" page).
+MULTI_REGIONS = {"US": ("us-",), "EU": ("europe-",), "ASIA": ("asia-",),
+                 "NAM4": ("us-central1", "us-east1"), "EUR4": ("europe-north1", "europe-west4"),
+                 "ASIA1": ("asia-northeast1", "asia-northeast2")}
 
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 
@@ -102,6 +108,20 @@ def _probe_ip_lookup(url: str, timeout_s: float) -> Region | None:
         if isinstance(value, str) and value.strip():
             return Region(value.strip(), None, "ip-lookup")
     return None
+
+
+def colocation(region: str, bucket_location: str) -> str:
+    """Where a runtime in ``region`` stands to a bucket in ``bucket_location``: "same region", "inside the
+    bucket's multi-region" (or dual-region), "another region", or "unknown" when either is not known."""
+    here, there = region.strip().lower(), bucket_location.strip()
+    if not here or here == "unknown" or here.startswith("lab:") or not there or there.lower() == "unknown":
+        return "unknown"
+    if here == there.lower():
+        return "same region"
+    members = MULTI_REGIONS.get(there.upper())
+    if members and any(here == m or (m.endswith("-") and here.startswith(m)) for m in members):
+        return "inside the bucket's multi-region"
+    return "another region"
 
 
 def detect_region(

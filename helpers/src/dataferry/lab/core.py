@@ -418,6 +418,13 @@ class Lab:
         """Environment for programs that should talk to the lab (google-cloud-storage honours it)."""
         return {"STORAGE_EMULATOR_HOST": self.endpoint}
 
+    def gcloud_env(self, config_dir: str | os.PathLike[str]) -> dict[str, str]:
+        """Environment for the Google Cloud CLI (``gcloud storage cp``) to read the lab through its shaped
+        endpoint, without credentials, keeping its settings in ``config_dir`` (never the user's own)."""
+        return {"CLOUDSDK_CONFIG": str(config_dir), "CLOUDSDK_CORE_PROJECT": "dataferry-lab",
+                "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": self.endpoint.rstrip("/") + "/storage/v1/",
+                "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true", "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
+
     def client(self, direct: bool = False):
         """An anonymous google-cloud-storage ``Client`` for the lab (shaped unless ``direct``)."""
         from google.auth.credentials import AnonymousCredentials

@@ -13,8 +13,8 @@ import random
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,11 +141,8 @@ def _run_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], pass_
     """One epoch of ``method`` over ``order``: set-up outside the clock (listing, timed as its own
     phase on pass 1; page-cache eviction before a repeat), then everything the method needs to
     get every byte, then the epoch row (sum of bytes / wall time of the whole pass)."""
-    base = method.removesuffix(SERIAL)
-    run = ({m: _folder_pass for m in FOLDER_METHODS} | {"api-serial": _api_pass, "api-parallel": _api_pass,
-                                                         "dataferry": _dataferry_pass}).get(method)
-    if run is None and base in FOLDER_METHODS:
-        run = _folder_pass
+    run = _folder_pass if method.removesuffix(SERIAL) in FOLDER_METHODS else {
+        "api-serial": _api_pass, "api-parallel": _api_pass, "dataferry": _dataferry_pass}.get(method)
     if run is None:
         raise ValueError(f"unknown method {method!r}; known: {', '.join(LAB_METHODS)}, folder, and "
                          f"{', '.join(m + SERIAL for m in FOLDER_METHODS)}")
@@ -233,6 +230,7 @@ def _dataferry_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str],
     else:
         state, how = p.evicted((cache.path(t.source, entries[n]) for n in order), "local_copy")
         t0 = time.perf_counter_ns()
+
     def read(n: str) -> tuple[str, int, Any]:
         r0 = time.perf_counter_ns()
         try:

@@ -306,7 +306,8 @@ def mount_gcsfuse(
         try:
             limit = _file_cache_mb(cache, cache_max_mb)
         except MountError:
-            shutil.rmtree(work, ignore_errors=True)
+            for folder in owned:  # the work folder, and the mount point if this call made it
+                shutil.rmtree(folder, ignore_errors=True)
             raise
         settings["cache-dir"] = str(cache)
         settings["file-cache"] = {"max-size-mb": limit, "cache-file-for-range-read": True}

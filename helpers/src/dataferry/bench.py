@@ -23,7 +23,7 @@ from dataferry.cache import Cache
 from dataferry.sources import GCSSource
 from dataferry.progress import progress_bar
 from dataferry.stage import stage, width_for
-from dataferry.timing import Results, evict, timed_read
+from dataferry.timing import Results, evict, size_text, timed_read
 
 if TYPE_CHECKING:
     from dataferry.lab import Lab
@@ -318,18 +318,10 @@ def summary_table(result: dict[str, Any]) -> str:
             return f"{c['median']:.1f} ({c['n']})" if c and c["n"] else "-"
 
         rtxt = f"{r['repeat_over_first']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r else "-"
-        size = _size_text(key[2]) if key[2] == key[2] else "-"
+        size = size_text(key[2]) if key[2] == key[2] else "-"
         lines.append(f"| {key[0]} | {key[1]} | {size} | {cell(first)} | {cell(repeats[0] if repeats else None)} "
                      f"| {rtxt} |")
     return "\n".join(lines)
-
-
-def _size_text(n: float) -> str:
-    """A file size in the binary unit data sets are made in: 262144 -> "256 KiB"."""
-    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
-        if n >= unit:
-            return f"{n / unit:.3g} {name}"
-    return f"{n:.0f} B"
 
 
 def _finish(results: Results, out: Path, json_path: Path, say: Callable[[str], None], extra: dict | None = None) -> dict:

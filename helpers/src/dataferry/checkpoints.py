@@ -1,5 +1,5 @@
 """Checkpoints that survive a disconnect: written to local disk, copied to Drive or a bucket under a
-new name, verified there, and only then named the latest; the last good one is never overwritten.
+new name, verified there, and only then recorded; the last good one is never overwritten.
 
 A Colab runtime can disconnect in the middle of ``torch.save(state, "/content/drive/MyDrive/ckpt.pt")``.
 The file on Drive is then torn, and it was the only one. :class:`Checkpoints` writes each checkpoint to
@@ -80,7 +80,8 @@ class Checkpoints:
             name = f"{self.name}-{step:09d}{self.suffix}"
             c0 = time.perf_counter()
             self._copy(local, name, crc)
-            saved = Saved(name, step, size, crc, time.perf_counter() - t0, time.perf_counter() - c0)
+            t1 = time.perf_counter()
+            saved = Saved(name, step, size, crc, t1 - t0, t1 - c0)
         finally:
             local.unlink(missing_ok=True)
         self._put_text(name + RECORD, json.dumps(asdict(saved)))
@@ -92,10 +93,11 @@ class Checkpoints:
         recorded = self.saved()
         return recorded[-1] if recorded else None
 
-    def saved(self) -> list[Saved]:
-        """Every checkpoint with a whole record, oldest first: a copy torn by a disconnect has none."""
+    def saved(self, listed: list[str] | None = None) -> list[Saved]:
+        """Every checkpoint with a whole record, oldest first: a copy torn by a disconnect has none.
+        ``listed``: the destination's names when the caller has just listed them."""
         out = []
-        for name in self._listing():
+        for name in self._listing() if listed is None else listed:
             if name.endswith(self.suffix + RECORD):
                 try:
                     out.append(Saved(**json.loads(self._get_text(name) or "")))
@@ -174,10 +176,11 @@ class Checkpoints:
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` recorded checkpoints; drop older ones and copies a disconnect tore."""
-        recorded = self.saved()
+        listed = self._listing()
+        recorded = self.saved(listed)
         keep = {s.name for s in recorded[-self.keep:]}
         newest = recorded[-1].step if recorded else -1
-        for name in self._listing():
+        for name in listed:
             checkpoint = name.removesuffix(RECORD)
             if checkpoint in keep:
                 continue

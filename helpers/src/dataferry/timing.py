@@ -26,7 +26,7 @@ from typing import Any
 
 __all__ = ["evict", "resident_fraction", "residency_state", "EvictionReport", "drop_caches", "timed_read", "Spans",
            "Results", "time_h2d",
-           "load_results", "COLUMNS", "CACHE_STATES", "SCHEMA_VERSION"]
+           "load_results", "size_text", "COLUMNS", "CACHE_STATES", "SCHEMA_VERSION"]
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -35,6 +35,14 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 PAGE = mmap.PAGESIZE
+
+
+def size_text(n: float) -> str:
+    """A size in the binary unit data sets are made in: 262144 -> "256 KiB", 2**21 -> "2 MiB"."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= unit:
+            return f"{n / unit:.3g} {name}"
+    return f"{n:.0f} B"
 
 
 def resident_fraction(path: str | os.PathLike[str]) -> float:

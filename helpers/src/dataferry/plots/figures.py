@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from dataferry.plots.palette import RGB, darker, lighter, method_palette, ordered_methods, patch
-from dataferry.plots.settings import (LAB_NOTE, PASS_KINDS, epochs_of, png_metadata, record_box, region_order,
-                                      scope, settings_of, sizes_of)
+from dataferry.plots.settings import (LAB_NOTE, PASS_KINDS, epochs_of, listing, png_metadata, record_box,
+                                      region_order, scope, settings_of, sizes_of)
 
 Y_LABEL = "MB/s (10^6 B/s) per epoch, log scale"
 NO_DATA = "no data"
@@ -52,7 +52,7 @@ def first_vs_repeat(rows: pd.DataFrame, ax: Axes | None = None) -> Figure:
     for panel, (region, size) in zip(axes, settings):
         sub = epochs[(epochs["region"] == region) & (epochs["size"] == size)]
         name = f"{region}, {size}"
-        panel.set_title(name if len(settings) > 1 else f"{title}\n{name}; {scope(sub).split('; ')[1]}", fontsize=10)
+        panel.set_title(name if len(settings) > 1 else f"{title}\n{name}; runtimes: {listing(sub['runtime'])}", fontsize=10)
         panel.set_xlabel("method")
         present = [m for m in methods if m in set(sub["method"])]
         _boxes(panel, sub, name, "method", present, "pass_kind", list(PASS_KINDS),
@@ -69,7 +69,7 @@ def first_vs_repeat(rows: pd.DataFrame, ax: Axes | None = None) -> Figure:
     _y_labels(axes)
     if own and len(settings) > 1:
         fig.suptitle(f"{title}: a panel per region (nearest first) and file size\n"
-                     f"runtimes: {scope(epochs).split('runtimes: ')[1]}", fontsize=11)
+                     f"runtimes: {listing(epochs['runtime'])}", fontsize=11)
     _finish(fig, notes, axes, own)
     return fig
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from dataferry.timing import COLUMNS
+from dataferry.timing import COLUMNS, size_text
 
 PASS_KINDS = ("first read", "repeat")
 LAB_NOTE = "lab: offline lab profile, not a cloud measurement"
@@ -81,11 +81,7 @@ def size_label(size_class: float, approximate: bool = False) -> str:
     """A file-size class in the binary unit files are made in: "256 KiB files", "~2 MiB files"."""
     if not np.isfinite(size_class) or size_class <= 0:
         return UNKNOWN_SIZE
-    about = "~" if approximate else ""
-    for unit, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if size_class >= unit:
-            return f"{about}{size_class / unit:g} {name} files"
-    return f"{about}{size_class:g} B files"
+    return f"{'~' if approximate else ''}{size_text(size_class)} files"
 
 
 def region_order(epochs: pd.DataFrame) -> list[str]:
@@ -142,7 +138,7 @@ def box_provenance(png: str | Path) -> list[dict[str, Any]] | None:
 
 
 def scope(epochs: pd.DataFrame) -> str:
-    return f"regions: {_listing(epochs['region'])}; runtimes: {_listing(epochs['runtime'])}"
+    return f"regions: {listing(epochs['region'])}; runtimes: {listing(epochs['runtime'])}"
 
 
 def _size_class(value: float) -> float:
@@ -161,7 +157,8 @@ def _labels(values: pd.Series) -> pd.Series:
     return text.mask(text == "", "(blank)").astype(str)
 
 
-def _listing(values: Any, most: int = 4) -> str:
+def listing(values: Any, most: int = 4) -> str:
+    """The distinct values, sorted, at most ``most`` of them named: "a, b, c +2 more"."""
     names = sorted(set(values))
     if not names:
         return "none"

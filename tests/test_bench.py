@@ -1,6 +1,7 @@
 """`dataferry bench --lab`, `dataferry bench FOLDER` and `dataferry report`, end to end on small data."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -128,8 +129,14 @@ def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_
     for method, (run,) in runs.items():
         assert (run["files"], run["bytes"]) == (30, ds.total_bytes), method
         assert run["seconds"] > 0 and run["peak_rss_mib"] > 0
+        # the whole machine's busy CPU over the run includes the method's own (ticks of 10 ms)
+        assert 0 < run["cpu_s"] <= run["machine_cpu_s"] + 0.05, method
     summary = ratios(runs)
     assert summary["best_peer"] in PEERS
+    for method, (run,) in runs.items():
+        row = summary["methods"][method]
+        assert (row["median_cpu_s"], row["median_machine_cpu_s"]) == (run["cpu_s"], run["machine_cpu_s"])
+        assert row["machine_busy"] == run["machine_cpu_s"] / (run["seconds"] * os.cpu_count())
     assert all(summary[f"{m}_vs_best_peer"] > 0 for m in DATAFERRY)
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("*.bin")), "nothing left behind"
 

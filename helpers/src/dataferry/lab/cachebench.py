@@ -255,6 +255,10 @@ def _against_peers(lab: Lab, work: Path, repeats: int, profiles: Sequence[str], 
             worst = ratio if worst is None else min(worst, ratio)
             say(f"  best peer {summary['best_peer']}: " + ", ".join(
                 f"{m} x{summary[f'{m}_vs_best_peer']:.2f}" for m in DATAFERRY))
+            busy = [row["machine_busy"] for row in summary["methods"].values()]
+            say("  CPU s of each method's process: " + ", ".join(
+                f"{m} {row['median_cpu_s']:.2f}" for m, row in summary["methods"].items())
+                + f"; the machine was {min(busy):.0%}-{max(busy):.0%} busy on its {os.cpu_count()} cores")
         out[f"first_vs_best_peer_{which}"] = worst
         out["peers_conditions"][which] = (f"{n} x {size // KiB:,} KiB, {', '.join(PROFILES[p].label for p in profiles)}; "
                                           f"the lower of stage and first-read over the fastest of {', '.join(PEERS)}, "

@@ -6,7 +6,9 @@ that is one first epoch. Methods are interleaved within each repetition, so drif
 2-core machine hits them all. Figures are ``lab:<profile>`` numbers, never cloud numbers.
 
 The child side (``python -m dataferry.lab.peers METHOD ...``) prints one JSON line: seconds,
-bytes, files and the peak RSS of the process.
+bytes, files, the peak RSS and CPU seconds of the process, and the busy CPU seconds of the whole
+machine over the same span: the lab's servers share its cores, so a machine busy all the time
+says the lab's CPU, not the method, set the pace.
 """
 
 from __future__ import annotations
@@ -112,6 +114,13 @@ def _dataferry(bucket: str, prefix: str, work: str, how: str) -> Callable[[], tu
     return epoch
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (not idle, not waiting for I/O) since boot."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _child(method: str, bucket: str, prefix: str, work: str) -> dict[str, Any]:
     """One first epoch; the method's modules are imported and its client made before the span
     (warm-up outside the measured set), every connection is opened inside it."""
@@ -123,13 +132,14 @@ def _child(method: str, bucket: str, prefix: str, work: str) -> dict[str, Any]:
         epoch = _gcsfuse_read(work, prefix)
     else:
         epoch = _dataferry(bucket, prefix, work, method.removeprefix("dataferry-"))
-    t0, cpu0 = time.perf_counter(), os.times()
+    t0, cpu0, busy0 = time.perf_counter(), os.times(), _machine_busy_s()
     files, n = epoch()
-    seconds, cpu1 = time.perf_counter() - t0, os.times()
+    seconds, cpu1, busy1 = time.perf_counter() - t0, os.times(), _machine_busy_s()
     # VmHWM, not ru_maxrss: the latter keeps the parent's size from before exec.
     hwm = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1])
     cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    return {"seconds": seconds, "bytes": n, "files": files, "peak_rss_mib": hwm / 1024, "cpu_s": cpu_s}
+    return {"seconds": seconds, "bytes": n, "files": files, "peak_rss_mib": hwm / 1024, "cpu_s": cpu_s,
+            "machine_cpu_s": busy1 - busy0}
 
 
 def first_epoch(lab: Any, method: str, bucket: str, prefix: str, work: Path) -> dict[str, Any]:
@@ -163,17 +173,23 @@ def first_epochs(lab: Any, bucket: str, prefix: str, work: Path, methods: tuple[
             run = first_epoch(lab, method, bucket, prefix, work / method)
             runs[method].append(run)
             say(f"    {rep + 1}/{repeats} {method:26s} {run['seconds']:6.2f} s  "
-                f"{run['bytes'] / run['seconds'] / 1e6:7.1f} MB/s  CPU {run['cpu_s']:5.2f} s  "
+                f"{run['bytes'] / run['seconds'] / 1e6:7.1f} MB/s  CPU {run['cpu_s']:5.2f} s "
+                f"(machine {run['machine_cpu_s']:5.2f} s)  "
                 f"peak RSS {run['peak_rss_mib']:.0f} MiB")
     return runs
 
 
 def ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Median MB/s per method (with min-max) and each dataferry method over the fastest peer."""
+    """Median MB/s per method (with min-max), its median CPU seconds and the machine's (busy: the
+    share of every core the machine kept busy), and each dataferry method over the fastest peer."""
     rates = {m: [r["bytes"] / r["seconds"] / 1e6 for r in rs] for m, rs in runs.items()}
     table = {m: {"median_MBps": statistics.median(v), "min_MBps": min(v), "max_MBps": max(v), "n": len(v),
                  "median_s": statistics.median(r["seconds"] for r in runs[m]),
-                 "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[m])} for m, v in rates.items()}
+                 "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[m]),
+                 "median_cpu_s": statistics.median(r["cpu_s"] for r in runs[m]),
+                 "median_machine_cpu_s": statistics.median(r["machine_cpu_s"] for r in runs[m]),
+                 "machine_busy": statistics.median(r["machine_cpu_s"] / (r["seconds"] * os.cpu_count())
+                                                   for r in runs[m])} for m, v in rates.items()}
     peers = [m for m in table if m in PEERS]
     best = max(peers, key=lambda m: table[m]["median_MBps"]) if peers else None
     out: dict[str, Any] = {"methods": table, "best_peer": best}

@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--out", default="build/bench/cache.json")
     bc.add_argument("--repeats", type=int, default=5)
     bc.add_argument("--large-mib", type=int, default=1024, help="size of the large object")
-    bc.add_argument("--peer-repeats", type=int, default=3, help="first epochs per method, data set and profile")
+    bc.add_argument("--peer-repeats", type=int, default=5, help="first epochs per method, data set and profile")
     bc.add_argument("--peer-profiles", default="same-continent,cross-continent", help="lab profiles, comma-separated")
     bc.set_defaults(func=cmd_bench_cache)
 

@@ -99,7 +99,7 @@ def _lab_environment(env: dict[str, str]) -> Iterator[None]:
 
 
 def bench_cache(out: str | os.PathLike[str] = "build/bench/cache.json", repeats: int = 5,
-                large_bytes: int = GiB, peer_repeats: int = 3,
+                large_bytes: int = GiB, peer_repeats: int = 5,
                 peer_profiles: Sequence[str] = ("same-continent", "cross-continent"),
                 say: Callable[[str], None] = print) -> dict:
     """Run the cache benchmark in a lab of its own; print a table and write JSON to ``out``."""

@@ -243,6 +243,11 @@ def test_book_pages_load_with_their_figures_in_chromium(course):
                 clipped = page.eval_on_selector_all(
                     "div.cell_output pre, table", "els => els.filter(e => e.scrollWidth > e.clientWidth + 2).length")
                 assert clipped == 0, f"{path.name}: {clipped} printed outputs or tables cut off on the right"
+                # a table wider than its output cell is cut off by the cell, whatever its own scroll width
+                too_wide = page.eval_on_selector_all("div.cell_output table", "els => els.filter(e => "
+                                                     "e.getBoundingClientRect().right > e.closest('div.cell_output')"
+                                                     ".getBoundingClientRect().right + 2).length")
+                assert too_wide == 0, f"{path.name}: {too_wide} tables wider than their output cell"
                 links = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
                 for href in links:
                     if href.startswith("file://"):

@@ -111,9 +111,8 @@ def show_table(table: Any, **to_markdown: Any) -> None:
     wrapping to the page), elsewhere as markdown text. ``table`` is markdown text or a DataFrame, whose
     ``to_markdown`` gets ``to_markdown``'s keywords (e.g. ``index=False, floatfmt=".3g"``); a missing
     value (a step some rows do not have) shows as an empty cell, not "nan"."""
-    if not isinstance(table, str):
-        table = table.astype(object).where(table.notna(), None).to_markdown(**to_markdown)
-    text = table
+    text = table if isinstance(table, str) else table.astype(object).where(table.notna(), None).to_markdown(
+        **to_markdown)
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display

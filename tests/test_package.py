@@ -80,14 +80,3 @@ def test_console_script_runs():
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"dataferry {PYPROJECT['project']['version']}"
 
-
-def test_show_table_leaves_missing_values_blank_and_formats_the_rest(capsys):
-    """A table with a step some ways do not have shows an empty cell, never 'nan', to the learner."""
-    import pandas as pd
-
-    from dataferry.course import show_table
-
-    show_table(pd.DataFrame({"way": ["zip", "stage"], "extract_s": [0.00443, float("nan")]}), index=False,
-               floatfmt=".3g")
-    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
-    assert [[cell.strip() for cell in row] for row in rows] == [["zip", "0.00443"], ["stage", ""]]

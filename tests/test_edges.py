@@ -542,6 +542,44 @@ def test_a_disk_that_fills_up_mid_fill_streams_with_a_warning_and_corrupts_nothi
     assert cache.verify().checked == 2
 
 
+class FillsTheDiskBeforeItsFirstDownload(GCSSource):
+    """A bucket whose first download starts just as something else fills the cache's disk."""
+
+    def __init__(self, bucket: str, prefix: str, ballast: Path) -> None:
+        super().__init__(bucket, prefix)
+        self.ballast, self.filled = ballast, False
+
+    async def fetch_async(self, entry: Entry, out, *args, **kwargs) -> int:
+        if not self.filled:
+            self.filled = True
+            with open(self.ballast, "wb") as f:
+                with contextlib.suppress(OSError):
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+        return await super().fetch_async(entry, out, *args, **kwargs)
+
+
+def test_a_disk_that_fills_up_while_staging_a_bucket_refuses_cleanly_and_corrupts_nothing(lab_env, lab_bucket,
+                                                                                          tmp_path, small_disk):
+    """The download loop's path (objects held in memory and written to disk in groups): a write
+    refused by a full disk is a refusal that names the disk, with no temp file or row left."""
+    from dataferry.lab import plan_dataset
+
+    ds = plan_dataset(12, 100_000, prefix="d", seed=4, shard_bytes=None).upload(lab_bucket)
+    cache = Cache(small_disk / "c", min_free_bytes=0, retry_deadline_s=5)
+    source = FillsTheDiskBeforeItsFirstDownload(lab_bucket.name, "d/files/", small_disk / "ballast")
+    filled = list(cache.fill_many(source, list(source.list())))
+    assert len(filled) == 12 and all(f.fetched == -1 and f.error is None for f in filled), filled
+    assert any("filled up during the download" in f.refusal for f in filled), [f.refusal for f in filled]
+    assert list((small_disk / "c" / "tmp").iterdir()) == [], "no temp file left behind"
+    (small_disk / "ballast").unlink()
+    assert cache.verify().ok and cache.usage() == (0, 0), "no row or file of a refused fill"
+    report = stage(source, cache, progress=False)
+    assert report.fetched == 12 and not report.failures
+    assert all(cache.read(source, name) == ds.content(name) for name in ds.sizes)
+
+
 def test_stage_waits_for_room_held_by_readers_and_names_the_limit_that_stops_it(tmp_path):
     root = tmp_path / "src"
     root.mkdir()

@@ -113,6 +113,27 @@ def test_staging_a_bucket_keeps_its_downloads_on_a_few_threads(lab, lab_env, lab
     assert max(peak) < 16, f"{max(peak)} threads for 64 downloads in flight"
 
 
+def test_small_objects_reach_the_disk_off_the_download_loop(lab, lab_env, lab_bucket, tmp_path, monkeypatch):
+    """The loop thread carries every download at once: a small object is held in memory and its
+    file is created, written and renamed by a worker thread with the rest of its group, so the
+    loop never waits on the disk (creating a file costs 0.1 ms of CPU in a fresh ext4 folder)."""
+    plan_dataset(40, 20_000, prefix="s", seed=3, shard_bytes=None).upload(lab_bucket)
+    source = GCSSource(lab_bucket.name, "s/files/")
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    opened, real_open = [], os.open
+
+    def watched_open(path, *args, **kwargs):
+        if str(path).endswith(".part"):
+            opened.append(threading.current_thread().name)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", watched_open)
+    report = stage(source, cache, progress=False)
+    assert report.fetched == 40 and not report.failures
+    assert len(opened) == 40 and "dataferry-aio" not in opened, opened
+    assert cache.verify().ok and cache.usage() == (40, 40 * 20_000)
+
+
 def test_the_loop_and_reading_threads_download_each_object_once(lab, lab_env, lab_bucket, tmp_path):
     ds = plan_dataset(120, 30_000, prefix="o", seed=9, shard_bytes=None).upload(lab_bucket)
     lab.set_profile(Profile("test-latency", 20, None))

@@ -11,8 +11,9 @@ of a thread pool's cost on a small machine (issue 10):
 - an object of ``RANGE_MIN`` bytes or more comes in ``PART``-sized byte ranges, up to ``RANGES``
   at once, each written in place (``pwrite``) and resumed on its own after a blip; the parts'
   CRC32C are combined and checked against the object's;
-- temp files become durable by one ``syncfs`` per group of fills (not one ``fsync`` each) before
-  any of them is renamed into place, so a file under ``objects/`` is whole after a crash or a
+- an object under ``HELD_MAX`` bytes is held in memory, not written from the loop; finished fills
+  are put in place a group at a time on a worker thread (:mod:`dataferry.cache.placing`: one
+  ``syncfs`` per group, then the renames), so a file under ``objects/`` is whole after a crash or a
   power cut, as before.
 
 Sources without ``fetch_async`` (folders) are filled by a pool of threads calling ``fill``.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import itertools
 import os
 import queue
@@ -42,14 +42,15 @@ from dataferry.cache.checksum import b64, combine, value
 from dataferry.cache.errors import FillTimeout
 from dataferry.cache.fill import MIN_FILL_BYTES_PER_S, STALL_S, Hashing, damage, damaged, disk_full, gave_up, source_blip
 from dataferry.cache.layout import printable
+from dataferry.cache.placing import Placing
 from dataferry.sources import Attempts, Entry, Source, fetches_async, where
 
-__all__ = ["BulkFilling", "Filled", "RANGE_MIN", "PART", "RANGES"]
+__all__ = ["BulkFilling", "Filled", "RANGE_MIN", "PART", "RANGES", "HELD_MAX"]
 
 RANGE_MIN = 32 << 20  # objects this large come in ranges
 PART = 16 << 20
 RANGES = 16  # ranges of one object in flight at once
-_libc = ctypes.CDLL(None, use_errno=True)
+HELD_MAX = 256 << 10  # objects up to this size are held in memory until they are put in place
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,20 @@ class _WriteAt:
         return len(data)
 
 
-class _Part(Hashing):
-    """One byte range of a temp file, written in place with its own CRC32C and the fill's deadline."""
+class _Held(bytearray):
+    """A small object's bytes, held until :class:`~dataferry.cache.placing.Placing` writes them."""
 
-    def __init__(self, fd: int, start: int, end: int, deadline: float) -> None:
-        super().__init__(_WriteAt(fd, start), deadline)
+    def write(self, data: bytes) -> int:
+        self += data
+        return len(data)
+
+
+class _Part(Hashing):
+    """One byte range of an object with its own CRC32C and the fill's deadline, written in place
+    into a temp file or appended to the bytes held in memory."""
+
+    def __init__(self, out: int | _Held, start: int, end: int, deadline: float) -> None:
+        super().__init__(out if isinstance(out, _Held) else _WriteAt(out, start), deadline)
         self.start, self.end = start, end
 
 
@@ -240,24 +250,33 @@ class BulkFilling:
                 return -1, refusal.why, entry.size
             tmp = f"{self._tmp}/{key}.{self._pid}.part"
             t0 = time.perf_counter()
+            held = _Held() if entry.size <= HELD_MAX else None
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    crc = await self._download_async(source, entry, fd)
-                finally:
-                    os.close(fd)
-                await self._durable()
-                os.replace(tmp, path)
+                if held is not None:
+                    crc = await self._download_async(source, entry, held)
+                else:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    try:
+                        crc = await self._download_async(source, entry, fd)
+                    finally:
+                        os.close(fd)
             except BaseException as e:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
                 self._index.forget(key)  # queued, so the loop never waits on the index here
-                if disk_full(e):
-                    return -1, f"the cache's disk filled up during the download ({self._free()})", entry.size
-                raise
-        self._index.ready(crc, time.time(), key)
+                return self._failed(e, entry)
+            try:  # from here the temp file and the row are the group's to finish or undo
+                await self._placing.put(self._index, tmp, path, key, crc, held)
+            except OSError as e:
+                return self._failed(e, entry)
         self._count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
         return entry.size, "", entry.size
+
+    def _failed(self, e: BaseException, entry: Entry) -> tuple[int, str, int]:
+        """A fill that failed: a refusal if the cache's disk filled up, else ``e`` raised."""
+        if disk_full(e):
+            return -1, f"the cache's disk filled up during the download ({self._free()})", entry.size
+        raise e
 
     @contextlib.asynccontextmanager
     async def _fill_lock_async(self, key: str) -> AsyncIterator[bool]:
@@ -296,46 +315,24 @@ class BulkFilling:
             await asyncio.sleep(pause)
         return self._too_big(entry)
 
-    async def _durable(self) -> None:
-        """Return once a ``syncfs`` of the cache's disk that began after this call has finished:
-        the fills waiting at one time share one flush (group commit)."""
-        group = self._sync_group
-        if group["next"] is None:
-            group["next"] = asyncio.get_running_loop().create_future()
-        waiting = group["next"]
-        if not group["running"]:
-            group["running"] = True
-            asyncio.get_running_loop().create_task(self._flush_groups())
-        await asyncio.shield(waiting)
-
-    async def _flush_groups(self) -> None:
-        group = self._sync_group
-        try:
-            while group["next"] is not None:
-                waiting, group["next"] = group["next"], None
-                try:
-                    await asyncio.get_running_loop().run_in_executor(None, _syncfs, self._tmp)
-                except BaseException as e:  # noqa: BLE001 - every fill of the group sees it
-                    waiting.set_exception(e)
-                else:
-                    waiting.set_result(None)
-        finally:
-            group["running"] = False
-
     # -- the bytes --------------------------------------------------------------------------------
 
-    async def _download_async(self, source: Source, entry: Entry, fd: int) -> str:
-        """Download into ``fd`` in place (ranges for a large object), verify, refetch when damaged;
-        returns the CRC32C. Bounded like :meth:`_download` by ``retry_deadline_s`` or a second per MB."""
+    async def _download_async(self, source: Source, entry: Entry, out: int | _Held) -> str:
+        """Download into file ``out`` in place (ranges for a large object) or into the bytes held,
+        verify, refetch when damaged; returns the CRC32C. Bounded like :meth:`_download` by
+        ``retry_deadline_s`` or a second per MB."""
         limit = max(self.retry_deadline_s, entry.size / MIN_FILL_BYTES_PER_S)
         deadline = time.monotonic() + limit
         step = PART if entry.size >= RANGE_MIN else max(entry.size, 1)
         bounds = [(start, min(start + step, entry.size)) for start in range(0, max(entry.size, 1), step)]
         for attempt in range(self.max_refetches + 1):
             if attempt:
-                os.ftruncate(fd, 0)
+                if isinstance(out, _Held):
+                    out.clear()
+                else:
+                    os.ftruncate(out, 0)
                 self._count(refetches=1)
-            parts = [_Part(fd, start, end, deadline) for start, end in bounds]
+            parts = [_Part(out, start, end, deadline) for start, end in bounds]
             if len(parts) == 1:
                 await self._range(source, entry, parts[0])
             else:
@@ -412,16 +409,3 @@ async def _attempt(source: Source, entry: Entry, part: _Part) -> None:
             raise FillTimeout(f"the deadline passed with {part.n} bytes of a range received") from None
         if part.n < want:
             raise ConnectionError(f"the connection closed after {part.n} of {want} bytes")
-
-
-def _syncfs(folder: str) -> None:
-    """Flush every written page of the file system holding ``folder`` (``sync`` where there is no syncfs)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        if not hasattr(_libc, "syncfs"):
-            os.sync()
-        elif _libc.syncfs(fd) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"syncfs of the cache's disk failed: {os.strerror(e)}")
-    finally:
-        os.close(fd)

@@ -28,6 +28,7 @@ from dataferry.cache.index import FLUSH_EVERY, FLUSH_S, IndexWriter, connect, cr
 from dataferry.cache.layout import CHUNK, lay_out, printable
 from dataferry.cache.layout import key as entry_key
 from dataferry.cache.locks import FillLocks, renew_after_fork
+from dataferry.cache.placing import Placing
 from dataferry.cache.recovery import Recovery
 from dataferry.sources import DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, Source, where
 
@@ -130,7 +131,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         self._stats = CacheStats()
         self._index_writer: IndexWriter | None = None
         self._held: dict = {}  # fill locks held by this process's download loop, by key
-        self._sync_group: dict = {"next": None, "running": False}  # its group flush
+        self._placing = Placing(self._tmp)  # its download loop's finished fills, put in place by groups
         self._fill_threads = None  # fill_later's threads, for sources without fetch_async
         atexit.register(_flush_at_exit, weakref.ref(self))
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["compare_methods", "measure", "lab_target", "source_target", "bench_lab", "bench_source", "Target",
            "LAB_METHODS", "summary", "summary_table"]
 
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+MiB = 1 << 20
 
 
 # -- first vs repeated reads, by method and region ------------------------------------------------

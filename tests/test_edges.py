@@ -494,6 +494,15 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
+def _fill_disk(ballast: Path) -> None:
+    """Write ``ballast`` until its disk has no room left."""
+    with open(ballast, "wb") as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+
+
 class FillsTheDiskMidCopy(LocalSource):
     """A folder whose copy is interrupted by something else filling the cache's disk: another
     program's download, a checkpoint, a log."""
@@ -505,11 +514,7 @@ class FillsTheDiskMidCopy(LocalSource):
     def fetch(self, entry: Entry, out, start: int = 0) -> int:
         if not self.filled:
             self.filled = True
-            with open(self.ballast, "wb") as f:
-                with contextlib.suppress(OSError):
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
+            _fill_disk(self.ballast)
         return super().fetch(entry, out, start)
 
 
@@ -552,11 +557,7 @@ class FillsTheDiskBeforeItsFirstDownload(GCSSource):
     async def fetch_async(self, entry: Entry, out, *args, **kwargs) -> int:
         if not self.filled:
             self.filled = True
-            with open(self.ballast, "wb") as f:
-                with contextlib.suppress(OSError):
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
+            _fill_disk(self.ballast)
         return await super().fetch_async(entry, out, *args, **kwargs)
 
 

@@ -130,7 +130,10 @@ def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_
         assert (run["files"], run["bytes"]) == (30, ds.total_bytes), method
         assert run["seconds"] > 0 and run["peak_rss_mib"] > 0
         # the whole machine's busy CPU over the run includes the method's own (ticks of 10 ms)
-        assert 0 < run["cpu_s"] <= run["machine_cpu_s"] + 0.05, method
+        assert 0 <= run["cpu_s"] <= run["machine_cpu_s"] + 0.05, method
+        # a method that downloads in its own process spends CPU there; gcsfuse's reader may not (its
+        # daemon downloads), and 30 small reads can take under one 10 ms tick
+        assert run["cpu_s"] > 0 or method == "gcsfuse-file-cache", method
     summary = ratios(runs)
     assert summary["best_peer"] in PEERS
     for method, (run,) in runs.items():

@@ -16,6 +16,12 @@ class CacheFolderError(OSError):
     """The cache folder cannot be used (missing, read-only, not a cache, its disk failing): the
     message names the folder and what to do. Never retried as if the network had failed."""
 
+    @classmethod
+    def writing(cls, e: OSError) -> CacheFolderError:
+        """A write to the cache's disk that failed with ``e`` (its errno kept: a full disk stays one)."""
+        return cls(e.errno, f"writing to the cache's disk failed ({e.strerror}): check the disk, or use a "
+                            "cache folder on another one")
+
 
 class CacheFullWarning(UserWarning):
     """An object could not fit in the cache's budget and was read straight from the source."""

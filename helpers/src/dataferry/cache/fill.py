@@ -48,8 +48,7 @@ class Hashing:
         try:
             self.out.write(data)
         except OSError as e:
-            raise CacheFolderError(e.errno, f"writing to the cache's disk failed ({e.strerror}): check the "
-                                            "disk, or use a cache folder on another one") from e
+            raise CacheFolderError.writing(e) from e
         self.crc.update(data)
         self.n += len(data)
         return len(data)

@@ -98,9 +98,7 @@ def _place(folder: str, group: list[_Finished]) -> None:
             try:
                 _write_file(finished.tmp, finished.held)
             except OSError as e:
-                finished.error = CacheFolderError(
-                    e.errno, f"writing to the cache's disk failed ({e.strerror}): check the disk, or use a "
-                             "cache folder on another one")
+                finished.error = CacheFolderError.writing(e)
     try:
         _syncfs(folder)
     except OSError as e:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dataferry.lab import BucketNotFound, plan_dataset
-from dataferry.mounts import MountError, is_mounted, mount_gcsfuse
+from dataferry.mounts import MountError, file_cache_room_mb, is_mounted, mount_gcsfuse
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_the_file_cache_is_bounded_by_the_free_disk_unless_told_otherwise(gcsfus
     usage = shutil.disk_usage(tmp_path)
     with mount_gcsfuse(lab_bucket.name, tmp_path / "a", cache_dir=tmp_path / "cache-a", **kwargs) as m:
         limit = _config(m)["file-cache"]["max-size-mb"]
-        assert 0 < limit <= (usage.free - max(1 << 30, usage.total // 10)) // 2**20 + 1
+        assert limit > 0 and abs(limit - file_cache_room_mb(usage)) < 64, "the default is the policy's room on this disk"
         assert (m.mountpoint / "z.bin").read_bytes() == b"z" * 1000
     with mount_gcsfuse(lab_bucket.name, tmp_path / "b", cache_dir=tmp_path / "cache-b", cache_max_mb=100, **kwargs) as m:
         assert _config(m)["file-cache"]["max-size-mb"] == 100
@@ -124,6 +124,19 @@ def test_the_file_cache_is_bounded_by_the_free_disk_unless_told_otherwise(gcsfus
     with pytest.raises(MountError, match="free"):
         mount_gcsfuse(lab_bucket.name, tmp_path / "d", cache_dir=tmp_path / "cache-d",
                       cache_max_mb=usage.free // 2**20 + 10, **kwargs)
+
+
+def test_a_default_file_cache_keeps_a_reserve_free_and_fits_a_big_disk_that_is_mostly_used():
+    """What a default file cache may take: the free space less a reserve of a tenth of the disk, but
+    never more than half of what is free, and at least 1 GiB. The first case is a CI machine's disk
+    (252 GB, 24.9 GB free), where a reserve of a tenth of the disk refused every default file cache."""
+    usage = type(shutil.disk_usage("/"))
+    GiB, MiB = 1 << 30, 1 << 20
+    assert file_cache_room_mb(usage(total=252 * GiB, used=227 * GiB, free=25 * GiB)) == 25 * GiB // 2 // MiB
+    assert file_cache_room_mb(usage(total=107 * GiB, used=30 * GiB, free=77 * GiB)) == (77 * GiB - 107 * GiB // 10) // MiB
+    assert file_cache_room_mb(usage(total=20 * GiB, used=18 * GiB, free=2 * GiB)) == GiB // MiB
+    assert file_cache_room_mb(usage(total=20 * GiB, used=19 * GiB, free=GiB + 10 * MiB)) == 10
+    assert file_cache_room_mb(usage(total=20 * GiB, used=19 * GiB + 512 * MiB, free=512 * MiB)) == 0
 
 
 def test_a_lab_mount_takes_gcsfuse_knobs_read_only_and_one_folder(gcsfuse_lab, lab_bucket):

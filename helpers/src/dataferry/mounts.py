@@ -34,6 +34,7 @@ __all__ = [
     "MountError",
     "GcsfuseMount",
     "mount_gcsfuse",
+    "file_cache_room_mb",
     "unmount",
     "is_mounted",
     "fuse_status",
@@ -214,12 +215,24 @@ class GcsfuseMount:
         return f"<GcsfuseMount gs://{self.bucket} at {self.mountpoint} ({state}{cache}, pid {self.pid})>"
 
 
+def _kept_free(usage: Any) -> int:
+    """Bytes a default file cache leaves free on its disk for everything else: a tenth of the disk,
+    but never more than half of what is free (a big disk that is mostly used still has room), and
+    at least 1 GiB."""
+    return max(1 << 30, min(usage.total // 10, usage.free // 2))
+
+
+def file_cache_room_mb(usage: Any) -> int:
+    """The MB a default gcsfuse file cache may take on a disk whose ``shutil.disk_usage`` is ``usage``."""
+    return max(0, usage.free - _kept_free(usage)) // 2**20
+
+
 def _file_cache_mb(cache: Path, asked: int | None) -> int:
     """gcsfuse's ``file-cache: max-size-mb`` for a cache in ``cache``: what was asked, checked
-    against the disk's free space, or by default that free space less a reserve."""
+    against the disk's free space, or by default :func:`file_cache_room_mb`."""
     usage = shutil.disk_usage(cache)
-    reserve = max(1 << 30, usage.total // 10)
-    room_mb = (usage.free - reserve) // 2**20
+    reserve = _kept_free(usage)
+    room_mb = file_cache_room_mb(usage)
     if asked == -1:
         warnings.warn(f"an unlimited gcsfuse file cache can fill the disk under {cache} "
                       f"({usage.free / 1e9:.1f} GB free): pass cache_max_mb to bound it", UserWarning, stacklevel=3)
@@ -261,7 +274,8 @@ def mount_gcsfuse(
     custom endpoint turns off gcsfuse's hierarchical-namespace probe, which emulators do not serve.
     ``cache_dir`` turns on gcsfuse's file cache there: a file read once is re-read from local disk
     until unmount. Its size is ``cache_max_mb``; None bounds it to the free space of that disk less
-    a reserve (the larger of 1 GiB and a tenth of the disk), because gcsfuse's own "unlimited" (-1)
+    a reserve (a tenth of the disk, at most half the free space, at least 1 GiB: see
+    :func:`file_cache_room_mb`), because gcsfuse's own "unlimited" (-1)
     can fill a Colab runtime's disk; -1 is still yours to ask for, with a warning. ``config`` is
     merged into the gcsfuse config file.
     Raises :class:`MountError` with the tail of gcsfuse's log when it exits or does not answer in

@@ -21,6 +21,7 @@ import google
 import pytest
 
 from dataferry import mounts
+from dataferry.mounts import colab as colab_helpers
 from dataferry.mounts import (
     MountError,
     NotInColab,
@@ -85,7 +86,7 @@ def outside(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def colab(monkeypatch: pytest.MonkeyPatch) -> FakeColab:
-    monkeypatch.setattr(mounts, "_BACKOFF_S", 0.0)
+    monkeypatch.setattr(colab_helpers, "_BACKOFF_S", 0.0)
     return install(monkeypatch, FakeColab())
 
 
@@ -212,7 +213,7 @@ def failing_scandir(monkeypatch, target: Path, failures: int, err: int) -> list[
                 raise OSError(err, os.strerror(err), os.fspath(path))
         return real_scandir(path)
 
-    monkeypatch.setattr(mounts.os, "scandir", scandir)
+    monkeypatch.setattr(colab_helpers.os, "scandir", scandir)
     return seen
 
 
@@ -228,7 +229,7 @@ def test_warm_up_remounts_once_on_enotconn_and_succeeds(colab, monkeypatch, tmp_
 def test_warm_up_retries_a_folder_that_appears_late(monkeypatch, tmp_path):
     # MyDrive shows up only after the remount: the first listing fails with ENOTCONN, for real
     # there is no MyDrive yet, and the second mount call creates it.
-    monkeypatch.setattr(mounts, "_BACKOFF_S", 0.0)
+    monkeypatch.setattr(colab_helpers, "_BACKOFF_S", 0.0)
     fake = install(monkeypatch, FakeColab(make_drive=2))
     point = tmp_path / "drive"
     failing_scandir(monkeypatch, point / "MyDrive", failures=1, err=errno.ENOTCONN)
@@ -237,7 +238,7 @@ def test_warm_up_retries_a_folder_that_appears_late(monkeypatch, tmp_path):
 
 
 def test_warm_up_gives_up_after_retries_with_advice(monkeypatch, tmp_path):
-    monkeypatch.setattr(mounts, "_BACKOFF_S", 0.0)
+    monkeypatch.setattr(colab_helpers, "_BACKOFF_S", 0.0)
     fake = install(monkeypatch, FakeColab(make_drive=0))  # MyDrive never appears
     point = tmp_path / "drive"
     seen = failing_scandir(monkeypatch, point / "MyDrive", failures=0, err=errno.ENOTCONN)
@@ -328,6 +329,6 @@ def test_install_gcsfuse_rejects_a_codename_that_is_not_one(colab, monkeypatch, 
 
 def test_default_runner_raises_mount_error_with_stderr_tail():
     with pytest.raises(MountError, match=r"exit code 3: bash -c") as info:
-        mounts._run_command(["bash", "-c", "echo noise >&2; echo the reason >&2; exit 3"])
+        colab_helpers._run_command(["bash", "-c", "echo noise >&2; echo the reason >&2; exit 3"])
     assert str(info.value).splitlines()[1:] == ["noise", "the reason"]
-    mounts._run_command(["true"])
+    colab_helpers._run_command(["true"])

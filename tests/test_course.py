@@ -47,7 +47,7 @@ def test_lesson_is_well_formed(path):
     code = [c for c in cells if c["cell_type"] == "code"]
     setup = _source(code[0])
     assert 'if "google.colab" in sys.modules:' in setup, "the setup cell installs only in Colab"
-    assert f'os.environ.get("DATAFERRY_INSTALL",' in setup and '%pip install -q "$requirement"' in setup, \
+    assert 'os.environ.get("DATAFERRY_INSTALL",' in setup and '%pip install -q "$requirement"' in setup, \
         "one override, $DATAFERRY_INSTALL, replaces the whole requirement"
     assert f'"dataferry @ git+{REPO}#subdirectory=helpers"' in setup, "the install URL is the package's Source URL"
     tagged = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
@@ -79,7 +79,8 @@ def test_install_url_badges_and_readme_agree():
 def test_google_colab_imported_only_inside_the_guarded_helpers():
     for py in (ROOT / "helpers" / "src").rglob("*.py"):
         for m in COLAB_IMPORT.finditer(py.read_text()):
-            assert py.name == "mounts.py", f"{py}: imports google.colab"
+            assert py.relative_to(ROOT / "helpers" / "src").as_posix() == "dataferry/mounts/colab.py", \
+                f"{py}: imports google.colab"
             line = py.read_text()[m.start():].splitlines()[0]
             assert line.startswith("    "), f"{py}: google.colab must be imported inside a function"
 

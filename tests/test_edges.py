@@ -189,7 +189,7 @@ def test_a_prefix_without_a_slash_is_a_folder_not_a_name_prefix(lab_env, lab_buc
 
 
 def test_gcsfuse_config_survives_paths_with_yaml_syntax(tmp_path):
-    from dataferry.mounts import _config_text
+    from dataferry.mounts.gcsfuse import _config_text
 
     text = _config_text({"cache-dir": str(tmp_path / "a: b #c"), "file-cache": {"max-size-mb": -1}})
     import yaml
@@ -681,9 +681,9 @@ def test_a_folder_swapped_for_a_link_between_check_and_open_cannot_lead_outside(
     import io
     import shutil
 
-    import dataferry.sources
+    import dataferry.sources.beneath
 
-    monkeypatch.setattr(dataferry.sources, "_HAS_OPENAT2", openat2)
+    monkeypatch.setattr(dataferry.sources.beneath, "_HAS_OPENAT2", openat2)
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     (root / "sub").mkdir(parents=True)

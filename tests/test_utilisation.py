@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dataferry.bench import lab_target  # noqa: E402
+from dataferry.lab.methodsbench import lab_target  # noqa: E402
 from dataferry.feed import ComputeProfile  # noqa: E402
 from dataferry.runtime import detect_region  # noqa: E402
 from dataferry.timing import Results, load_results  # noqa: E402

@@ -6,7 +6,6 @@ the buckets are real lab buckets, reached through STORAGE_EMULATOR_HOST as Colab
 
 from __future__ import annotations
 
-import os
 import tomllib
 import zipfile
 from pathlib import Path

@@ -192,7 +192,7 @@ def cmd_bench_shards(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from dataferry.bench import LAB_METHODS, bench_lab, bench_source
+    from dataferry.bench import LAB_METHODS, bench_source
 
     methods = args.methods.split(",") if args.methods else None
     if args.au:
@@ -206,6 +206,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.lab:
         if args.source:
             raise ValueError("give a SOURCE or --lab, not both")
+        from dataferry.lab.methodsbench import bench_lab
+
         bench_lab(out=args.out or "build/bench/methods", json_path=args.json or "build/bench/methods.json",
                   profiles=args.profiles.split(","), methods=methods or LAB_METHODS, n_files=args.files or 24,
                   file_bytes=(args.file_kib or 2048) << 10, passes=args.passes, repeats=args.repeats, seed=args.seed)

@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataferry.bench import Target, _method_state, lab_target, source_target
+from dataferry.bench import Target, source_target
+from dataferry.bench.methods import method_state
 from dataferry.cache import Cache
 from dataferry.feed import PROFILES, ComputeProfile, CudaCompute, EmulatedCompute, EpochReport, feed
 from dataferry.sources import LocalSource
@@ -116,7 +117,7 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
         for method in order:
             try:
                 bench_method = method if method.startswith("gcsfuse") else "local"
-                with _method_state(bench_method, target, work) as st, warnings.catch_warnings():
+                with method_state(bench_method, target, work) as st, warnings.catch_warnings():
                     # More workers than CPUs is the point here: they wait on I/O, not on a core.
                     warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
                     loader, files, width = _loader(method, target, st, batch_size=batch_size, workers=workers,
@@ -182,6 +183,7 @@ def bench_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], *, 
     try:
         if source is None:
             from dataferry.lab import Lab
+            from dataferry.lab.methodsbench import lab_target
 
             lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-au-state-")).up()
             target = lab_target(lab, "bench-au", n_files, file_bytes, seed=seed, work=work)

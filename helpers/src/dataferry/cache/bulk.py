@@ -42,7 +42,6 @@ from dataferry.cache.checksum import b64, combine, value
 from dataferry.cache.errors import FillTimeout
 from dataferry.cache.fill import MIN_FILL_BYTES_PER_S, STALL_S, Hashing, damage, damaged, disk_full, gave_up, source_blip
 from dataferry.cache.layout import printable
-from dataferry.cache.placing import Placing
 from dataferry.sources import Attempts, Entry, Source, fetches_async, where
 
 __all__ = ["BulkFilling", "Filled", "RANGE_MIN", "PART", "RANGES", "HELD_MAX"]

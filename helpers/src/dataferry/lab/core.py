@@ -17,16 +17,11 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.parse
 import uuid
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,9 +30,9 @@ import requests
 from filelock import FileLock
 
 from dataferry import mounts
-from dataferry.host import pid_alive
-from dataferry.lab.datasets import LogNormal, SyntheticDataset, plan_dataset
-from dataferry.lab.errors import BucketNotFound, LabError, LabNotRunning, ToolError
+from dataferry.lab.buckets import LabBuckets
+from dataferry.lab.errors import LabError, LabNotRunning, ToolError
+from dataferry.lab.processes import HOST, LAB_ID_ENV, alive, check_port_free, free_port, lab_processes, stop
 from dataferry.lab.profiles import Profile, get_profile
 from dataferry.lab.tools import ensure_tool, tools_dir
 from dataferry.lab.toxiproxy import Toxiproxy
@@ -46,15 +41,9 @@ __all__ = ["Lab", "default_state_dir", "lab_processes"]
 
 log = logging.getLogger("dataferry.lab")
 
-HOST = "127.0.0.1"
 PROXY = "gcs"
 PROFILE_PREFIX = "profile_"
-LAB_ID_ENV = "DATAFERRY_LAB_ID"
 START_TIMEOUT_S = 30.0
-
-
-_ACCESS_LINE = re.compile(r'\\"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+\\" (?P<status>\d{3})')
-_MEDIA_PATH = re.compile(r"^/(?P<kind>download/)?storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)$")
 
 
 def default_state_dir() -> Path:
@@ -63,105 +52,7 @@ def default_state_dir() -> Path:
     return Path(env).expanduser().absolute() if env else Path.home() / ".cache" / "dataferry" / "lab"
 
 
-# ---------------------------------------------------------------------------------------------
-# processes and ports
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _alive(pid: int, exe: str | None = None) -> bool:
-    """True when ``pid`` runs (not a zombie) and, if given, runs ``exe``; reaps it if it is our child."""
-    _reap(pid)
-    return pid_alive(pid, exe)
-
-
-def _stop(pid: int, exe: str | None, timeout: float = 5.0) -> bool:
-    """SIGTERM then SIGKILL the process (and its group); True if it was running."""
-    if not _alive(pid, exe):
-        return False
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return True
-            time.sleep(0.05)
-    if _alive(pid):
-        raise LabError(f"process {pid} ({exe}) survived SIGKILL; stop it by hand")
-    return True
-
-
-def lab_processes(lab_id: str) -> list[int]:
-    """Pids of every live process started by the lab ``lab_id`` (found by its environment marker)."""
-    marker = f"{LAB_ID_ENV}={lab_id}".encode()
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if marker in (d / "environ").read_bytes().split(b"\0") and _alive(int(d.name)):
-                found.append(int(d.name))
-        except OSError:
-            continue
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _port_owner(port: int) -> str:
-    """Who listens on TCP ``port``: 'pid N (cmdline)' when it can be found."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError), open(table) as f:
-            for line in list(f)[1:]:
-                cols = line.split()
-                if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # LISTEN
-                    inodes.add(cols[9])
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fds = list((d / "fd").iterdir())
-        except OSError:  # gone, or not ours to read
-            continue
-        for fd in fds:
-            try:  # one fd closing meanwhile (the listing's own, for one) must not hide the others
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                with contextlib.suppress(OSError):
-                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-                    return f"pid {d.name} ({cmd[:120]})"
-                return f"pid {d.name}"
-    return "another program"
-
-
-def _check_port_free(port: int) -> None:
-    with socket.socket() as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            raise LabError(
-                f"port {port} on {HOST} is taken by {_port_owner(port)}: stop it or choose another port"
-            ) from None
-
-
-# ---------------------------------------------------------------------------------------------
-# the lab
-
-
-class Lab:
+class Lab(LabBuckets):
     """A handle on one lab, running or not, described by the state file in ``state_dir``.
 
     >>> lab = Lab().up(profile="same-continent")   # builds tools the first time
@@ -214,7 +105,7 @@ class Lab:
         if not state:
             return False
         for p in state["processes"].values():
-            if not _alive(p["pid"], p["exe"]):
+            if not alive(p["pid"], p["exe"]):
                 return False
         try:
             requests.get(f"http://{HOST}:{state['gcs_port']}/storage/v1/b", timeout=2).raise_for_status()
@@ -250,7 +141,7 @@ class Lab:
 
     def _start(self, profile: Profile, port: int | None, want_gcsfuse: bool) -> None:
         if port is not None:
-            _check_port_free(port)
+            check_port_free(port)
         fake_gcs, fake_gcs_version = ensure_tool("fake-gcs-server", self.tools)
         toxiproxy, toxiproxy_version = ensure_tool("toxiproxy-server", self.tools)
         gcsfuse: dict[str, Any] = {"available": False, "why": "not requested (gcsfuse=False)"}
@@ -271,8 +162,8 @@ class Lab:
         lab_id = uuid.uuid4().hex[:12]
         run_dir = Path(tempfile.mkdtemp(prefix=f"dataferry-lab-{lab_id}-"))
         (run_dir / "logs").mkdir()
-        gcs_port, api_port = _free_port(), _free_port()
-        proxy_port = port or _free_port()
+        gcs_port, api_port = free_port(), free_port()
+        proxy_port = port or free_port()
         endpoint = f"http://{HOST}:{proxy_port}"
         state: dict[str, Any] = {
             "id": lab_id, "run_dir": str(run_dir), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -317,7 +208,7 @@ class Lab:
         for name, url in checks.items():
             p = state["processes"][name]
             while True:
-                if not _alive(p["pid"], p["exe"]):
+                if not alive(p["pid"], p["exe"]):
                     logfile = Path(state["run_dir"]) / "logs" / f"{name}.log"
                     raise LabError(f"{name} exited at start-up; its log says:\n{mounts.log_tail(logfile, 10)}")
                 with contextlib.suppress(requests.RequestException):
@@ -349,15 +240,15 @@ class Lab:
                 mounts.unmount(point, timeout=10)
                 done.append(f"unmounted {point}")
         for name, m in state.get("mounts", {}).items():
-            if _stop(m["pid"], state["gcsfuse"].get("path")):
+            if stop(m["pid"], state["gcsfuse"].get("path")):
                 done.append(f"stopped gcsfuse (pid {m['pid']}) of {name}")
         for name, p in state.get("processes", {}).items():
-            if _stop(p["pid"], p["exe"]):
+            if stop(p["pid"], p["exe"]):
                 done.append(f"stopped {name} (pid {p['pid']})")
             else:
                 done.append(f"{name} (pid {p['pid']}) was already gone")
         for pid in lab_processes(state["id"]):
-            _stop(pid, None)
+            stop(pid, None)
             done.append(f"stopped stray lab process {pid}")
         if run_dir.exists():
             left = mounts.fuse_mounts_under(run_dir)
@@ -402,7 +293,7 @@ class Lab:
         """The toxiproxy API, e.g. to inject faults on the ``gcs`` proxy."""
         return Toxiproxy(f"http://{HOST}:{self._require()['api_port']}")
 
-    # -- endpoints and clients -----------------------------------------------------------------
+    # -- endpoints (clients, buckets and the request log: LabBuckets) ---------------------------
 
     @property
     def endpoint(self) -> str:
@@ -424,51 +315,6 @@ class Lab:
         return {"CLOUDSDK_CONFIG": str(config_dir), "CLOUDSDK_CORE_PROJECT": "dataferry-lab",
                 "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": self.endpoint.rstrip("/") + "/storage/v1/",
                 "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true", "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
-
-    def client(self, direct: bool = False):
-        """An anonymous google-cloud-storage ``Client`` for the lab (shaped unless ``direct``)."""
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
-        url = self.direct_endpoint if direct else self.endpoint
-        return storage.Client(project="dataferry-lab", credentials=AnonymousCredentials(),
-                              client_options={"api_endpoint": url})
-
-    def create_bucket(self, name: str):
-        """Create a lab bucket (no error if it exists) and return it."""
-        from google.api_core.exceptions import Conflict
-
-        client = self.client(direct=True)
-        with contextlib.suppress(Conflict):
-            client.create_bucket(name)
-        return client.bucket(name)
-
-    def bucket(self, name: str, direct: bool = False):
-        """An existing lab bucket; :class:`BucketNotFound` names the buckets there are."""
-        from google.api_core.exceptions import NotFound
-
-        client = self.client(direct=direct)
-        try:
-            return client.get_bucket(name)
-        except NotFound:
-            have = ", ".join(b.name for b in self.client(direct=True).list_buckets()) or "none"
-            raise BucketNotFound(f"lab bucket {name!r} does not exist (buckets: {have}); create it with "
-                                 f"lab.create_bucket({name!r})") from None
-
-    def delete_bucket(self, name: str) -> None:
-        """Delete a lab bucket and everything in it (any number of objects)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        bucket = self.bucket(name, direct=True)
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda blob: blob.delete(), bucket.list_blobs()))
-        bucket.delete()
-
-    def make_dataset(self, bucket: str, n_files: int, size: int | LogNormal, *, create: bool = True,
-                     **plan: Any) -> SyntheticDataset:
-        """Upload a synthetic dataset (see :func:`plan_dataset`) to a lab bucket, unshaped."""
-        b = self.create_bucket(bucket) if create else self.bucket(bucket, direct=True)
-        return plan_dataset(n_files, size, **plan).upload(b)
 
     # -- gcsfuse -------------------------------------------------------------------------------
 
@@ -524,32 +370,8 @@ class Lab:
             state = self.state
             entry = state.get("mounts", {}).pop(point, None) if state else None
             if entry:
-                _stop(entry["pid"], state["gcsfuse"].get("path"))
+                stop(entry["pid"], state["gcsfuse"].get("path"))
                 self._write_state(state)
-
-    # -- what reached the server ----------------------------------------------------------------
-
-    def requests(self) -> list[tuple[str, str, int]]:
-        """Every request fake-gcs-server has answered so far, as (method, path?query, status)."""
-        state = self.state  # not _require(): its health check would add a request of its own
-        if not state:
-            raise LabNotRunning(f"no lab is running for {self.state_dir}: start one with `dataferry lab up`")
-        logfile = Path(state["run_dir"]) / "logs" / "fake-gcs-server.log"
-        out = []
-        for m in _ACCESS_LINE.finditer(logfile.read_text(errors="replace")):
-            out.append((m["method"], m["path"], int(m["status"])))
-        return out
-
-    def downloads(self, bucket: str) -> Counter[str]:
-        """How many media downloads (full or ranged) of each object of ``bucket`` the server served."""
-        counts: Counter[str] = Counter()
-        for method, path, status in self.requests():
-            url = urllib.parse.urlsplit(path)
-            m = _MEDIA_PATH.match(url.path)
-            if method == "GET" and m and m["bucket"] == bucket and status < 300 and (
-                    "alt=media" in url.query or m["kind"] == "download"):
-                counts[urllib.parse.unquote(m["object"])] += 1
-        return counts
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -564,7 +386,7 @@ class Lab:
             "up": up, "state_dir": str(self.state_dir), "id": state["id"], "endpoint": state["endpoint"],
             "direct_endpoint": f"http://{HOST}:{state['gcs_port']}",
             "toxiproxy_api": f"http://{HOST}:{state['api_port']}", "profile": state["profile"],
-            "processes": {n: {**p, "alive": _alive(p["pid"], p["exe"])} for n, p in state["processes"].items()},
+            "processes": {n: {**p, "alive": alive(p["pid"], p["exe"])} for n, p in state["processes"].items()},
             "tools": state["tools"], "gcsfuse": state["gcsfuse"], "mounts": live_mounts,
             "run_dir": state["run_dir"],
         }

@@ -1,0 +1,18 @@
+"""Ready-made experiments: first vs repeated reads by method and region, at equal reader widths.
+
+Every figure states the cache state of each pass and where it ran; lab runs are labelled
+``lab:<profile>`` and are not cloud numbers. The lab's own runs of these experiments live with the
+lab (:mod:`dataferry.lab.methodsbench`, and the cache's benchmark in :mod:`dataferry.lab.cachebench`):
+this package never imports the lab.
+
+- :mod:`~dataferry.bench.methods`: :class:`Target` and :func:`compare_methods`;
+- :mod:`~dataferry.bench.source`: :func:`source_target`, :func:`bench_source`, :func:`measure`;
+- :mod:`~dataferry.bench.report`: :func:`summary`, :func:`summary_table`.
+"""
+
+from dataferry.bench.methods import LAB_METHODS, PARALLEL_WORKERS, Target, compare_methods
+from dataferry.bench.report import summary, summary_table
+from dataferry.bench.source import bench_source, measure, source_target
+
+__all__ = ["compare_methods", "measure", "source_target", "bench_source", "Target", "LAB_METHODS",
+           "PARALLEL_WORKERS", "summary", "summary_table"]

@@ -1,0 +1,95 @@
+"""What a comparison's rows add up to: medians with confidence intervals, a table, figures and JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dataferry.bench.methods import Target
+from dataferry.timing import Results, size_text
+
+__all__ = ["summary", "summary_table"]
+
+
+def summary(rows: Any) -> dict[str, Any]:
+    """Median epoch MB/s per region x method x pass (with bootstrap CIs) and repeat/first ratios."""
+    from dataferry.stats import speedup, summarize_frame
+
+    epochs = rows[(rows["phase"] == "epoch") & (rows["pass"] >= 1)].copy()
+    epochs["pass"] = epochs["pass"].astype(int)
+    ok = epochs[epochs["error"] == ""]
+    # File size is an axis (MEASUREMENT.md rule 9): never pool different sizes into one cell.
+    cells = summarize_frame(epochs, ["region", "method", "file_bytes", "pass"]).to_dict("records")
+    ratios = []
+    for (region, method, size), g in ok.groupby(["region", "method", "file_bytes"]):
+        first, repeat = g[g["pass"] == 1]["MBps"], g[g["pass"] >= 2]["MBps"]
+        if len(first) and len(repeat):
+            r, lo, hi = speedup(repeat.to_numpy(float), first.to_numpy(float))
+            ratios.append({"region": region, "method": method, "file_bytes": size, "repeat_over_first": r,
+                           "ci_low": lo, "ci_high": hi})
+    return {"cells": cells, "ratios": ratios}
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    """A markdown table: median MB/s of the first and repeated epochs, and their ratio, per region and method."""
+    med = {(c["region"], c["method"], c["file_bytes"], c["pass"]): c for c in result["cells"]}
+    ratio = {(r["region"], r["method"], r["file_bytes"]): r for r in result["ratios"]}
+    lines = ["| region | method | file size | first read MB/s (n) | repeat MB/s (n) | repeat / first [95% CI] |",
+             "|---|---|---|---|---|---|"]
+    for key in sorted({(c["region"], c["method"], c["file_bytes"]) for c in result["cells"]}):
+        first = med.get((*key, 1))
+        repeats = [c for (*k, ps), c in med.items() if tuple(k) == key and ps >= 2]
+        r = ratio.get(key)
+
+        def cell(c: dict | None) -> str:
+            return f"{c['median']:.1f} ({c['n']})" if c and c["n"] else "-"
+
+        rtxt = f"{r['repeat_over_first']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r else "-"
+        size = size_text(key[2]) if key[2] == key[2] else "-"
+        lines.append(f"| {key[0]} | {key[1]} | {size} | {cell(first)} | {cell(repeats[0] if repeats else None)} "
+                     f"| {rtxt} |")
+    return "\n".join(lines)
+
+
+def write_summary(results: Results, out: Path, json_path: Path, say: Callable[[str], None], extra: dict | None = None) -> dict:
+    from dataferry.plots import standard_figures
+    from dataferry.timing import load_results
+
+    results.close()
+    rows = load_results(results.csv_path)
+    rows = rows[rows["run_id"] == results.run_id]  # this run only, even in a folder that holds others
+    result = {"run_id": results.run_id, "results": str(results.csv_path), **summary(rows), **(extra or {})}
+    figures = standard_figures(rows, out / "figures")
+    result["figures"] = {k: [str(p) for p in v] for k, v in figures.items()}
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1, default=str))
+    say(summary_table(result))
+    say(f"\nrows: {results.csv_path}\nfigures: {out / 'figures'}\nsummary: {json_path}")
+    return result
+
+
+def bucket_location(target: Target) -> str | None:
+    """The bucket's location (region analysis needs both ends), or None for a folder or when not allowed."""
+    if target.bucket is None:
+        return None
+    try:
+        target.bucket.reload()
+        return target.bucket.location
+    except Exception:  # noqa: BLE001 - reading bucket metadata needs a permission many readers lack
+        return None
+
+
+def gpu_rows(results: Results, batch: bytes, common: dict[str, str], say: Callable[[str], None]) -> str:
+    """Time host-to-device copies of a loaded batch where there is CUDA; say so where there is not."""
+    from dataferry.timing import time_h2d
+
+    rows = time_h2d(batch)
+    if isinstance(rows, str):
+        say(rows)
+        results.write_meta(gpu=rows)
+        return rows
+    for row in rows:
+        results.add(**common, **row)
+    return f"{len(rows)} host-to-device rows"

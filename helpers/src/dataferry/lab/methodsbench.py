@@ -1,0 +1,106 @@
+"""The method comparison in the lab: a synthetic target in a lab bucket (:func:`lab_target`), and
+every method under each region profile in a lab of its own (:func:`bench_lab`, ``dataferry bench --lab``).
+Rows are labelled ``lab:<profile>``; nothing here is a cloud number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dataferry.bench.methods import LAB_METHODS, Target, compare_methods
+from dataferry.bench.report import gpu_rows, write_summary
+from dataferry.lab.core import Lab
+from dataferry.lab.profiles import PROFILES
+from dataferry.progress import progress_bar
+from dataferry.sources import GCSSource
+from dataferry.timing import Results
+
+__all__ = ["lab_target", "bench_lab"]
+
+MiB = 1 << 20
+
+
+def lab_target(lab: Lab, bucket: str, n_files: int, file_bytes: int, *, seed: int = 0,
+               work: str | os.PathLike[str] | None = None) -> Target:
+    """Make a synthetic dataset in a lab bucket (and a plain local copy) and describe it as a
+    :class:`Target` for :func:`measure`, with gcsfuse mounts when the lab has gcsfuse."""
+    work = Path(work or tempfile.mkdtemp(prefix="dataferry-target-"))
+    ds = lab.make_dataset(bucket, n_files, file_bytes, prefix="m", seed=seed, shard_bytes=None)
+    ds.write_to(work / "local")
+    client = lab.client()
+    mount = (lambda file_cache: lab.mount(bucket, file_cache=file_cache)) if lab.status()["gcsfuse"]["available"] else None
+    return Target(names=list(ds.sizes), sizes=dict(ds.sizes), bucket=client.bucket(bucket), prefix="m/files/",
+                  local_copy=work / "local" / "m" / "files", source=GCSSource(bucket, "m/files/", client=client),
+                  mount=mount)
+
+
+def _lab_checks(result: dict[str, Any]) -> dict[str, Any]:
+    """What the lab comparison is expected to show, as measured values."""
+    ratios = {(r["region"], r["method"]): r["repeat_over_first"] for r in result["ratios"]}
+    med = {(c["region"], c["method"], c["pass"]): c["median"] for c in result["cells"] if c["n"]}  # one size in the lab
+    checks: dict[str, Any] = {}
+    for region in sorted({c["region"] for c in result["cells"]}):
+        local = med.get((region, "local", 2))
+        checks[region] = {
+            "gcsfuse_repeat_over_first": ratios.get((region, "gcsfuse")),
+            "gcsfuse_cache_repeat_over_local": (med.get((region, "gcsfuse-cache", 2)) or 0) / local if local else None,
+            "dataferry_repeat_over_local": (med.get((region, "dataferry", 2)) or 0) / local if local else None,
+            "dataferry_repeat_over_first": ratios.get((region, "dataferry")),
+        }
+    return checks
+
+
+def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: str | os.PathLike[str] = "build/bench/methods.json",
+              profiles: Sequence[str] = ("colocated", "same-continent", "cross-continent"),
+              methods: Sequence[str] = LAB_METHODS, n_files: int = 24, file_bytes: int = 2 * MiB,
+              passes: int = 2, repeats: int = 5, seed: int = 0, say: Callable[[str], None] = print) -> dict:
+    """The full comparison in a lab of its own: every method, first and repeated reads, under
+    each region profile. Rows are labelled ``lab:<profile>``; nothing here is a cloud number."""
+    from dataferry.runtime import capture, detect_region
+
+    out = Path(out)
+    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-bench-state-")).up()
+    work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
+    try:
+        if not lab.status()["gcsfuse"]["available"]:
+            say(f"gcsfuse unavailable ({lab.status()['gcsfuse']['why']}): its methods become error rows")
+        target = lab_target(lab, "bench-methods", n_files, file_bytes, seed=seed, work=work)
+        runtime = capture(str(work))
+        meta = {"experiment": "methods", "where": "offline lab (not cloud numbers)", "runtime": runtime.to_dict(),
+                "seed": seed, "passes": passes, "repeats": repeats, "methods": list(methods),
+                "dataset": {"files": n_files, "file_bytes": file_bytes, "total_bytes": target.total_bytes,
+                            "over_ram": target.total_bytes / runtime.ram_bytes},
+                "bucket_location": "lab (fake-gcs-server; the profile stands for the distance)",
+                "profiles": {n: {"rtt_ms": PROFILES[n].rtt_ms, "bandwidth_MBps": PROFILES[n].bandwidth_MBps,
+                                 "assumption": PROFILES[n].assumption} for n in profiles},
+                "gcsfuse": {"version": lab.status()["gcsfuse"].get("version"),
+                            "flags": "--implicit-dirs --anonymous-access --custom-endpoint <lab>; file cache: "
+                                     "--cache-dir <empty dir>, max-size-mb -1"},
+                "lab_tools": lab.status()["tools"]}
+        results = Results(out, meta)
+        say(f"comparing {', '.join(methods)} over {n_files} x {file_bytes / MiB:g} MiB, {passes} passes, "
+            f"{repeats} repeats, under {', '.join('lab:' + p for p in profiles)}; rows go to {results.csv_path}")
+        passes_in_all = len(profiles) * repeats * len(methods) * passes
+        with progress_bar(total=passes_in_all, desc="bench --lab", unit="pass") as bar:
+            for profile in profiles:
+                lab.set_profile(profile)
+                bar.set_postfix_str(f"lab:{profile}")
+                compare_methods(target, results, methods, region=detect_region(lab_profile=profile),
+                                runtime_kind=runtime.kind, passes=passes, repeats=repeats, seed=seed, work=work,
+                                progress=bar)
+        batch = (target.local_copy / target.names[0]).read_bytes() * max(1, (64 * MiB) // file_bytes)
+        gpu = gpu_rows(results, batch, {"runtime": runtime.kind, "region": "", "region_source": ""}, say)
+        result = write_summary(results, out, Path(json_path), say, {"gpu": gpu})
+        result["checks"] = _lab_checks(result)
+        Path(json_path).write_text(json.dumps(result, indent=1, default=str))
+        say("\nlab checks: " + json.dumps(result["checks"], indent=1, default=str))
+        return result
+    finally:
+        lab.down()
+        shutil.rmtree(work, ignore_errors=True)

@@ -80,3 +80,24 @@ def test_console_script_runs():
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"dataferry {PYPROJECT['project']['version']}"
 
+
+
+def test_no_module_below_the_lab_imports_it():
+    """Lower floors never import higher ones: only the lab itself and the command line (which wires
+    every floor together) import dataferry.lab, not even lazily inside a function. The user-facing
+    benchmarks (dataferry.bench, dataferry.utilisation) leave their lab runs to dataferry.lab."""
+    import ast
+
+    package = ROOT / "helpers" / "src" / "dataferry"
+    offenders = []
+    for py in sorted(package.rglob("*.py")):
+        rel = py.relative_to(package).as_posix()
+        if rel.startswith("lab/") or rel == "cli.py":
+            continue
+        for node in ast.walk(ast.parse(py.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) and node.module
+                     else [])
+            offenders += [f"{rel}:{node.lineno} imports {n}" for n in names
+                          if n == "dataferry.lab" or n.startswith("dataferry.lab.")]
+    assert not offenders, offenders

@@ -196,13 +196,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     methods = args.methods.split(",") if args.methods else None
     if args.au:
-        from dataferry.utilisation import bench_au
-
         if bool(args.lab) == bool(args.source):
-            raise ValueError("give a SOURCE or --lab, not both")
-        bench_au(args.au, source=args.source, out=args.out or "build/bench/au", json_path=args.json, methods=methods,
-                 profiles=args.profiles.split(","), n_files=args.files or 256, file_bytes=(args.file_kib or 112) << 10,
-                 epochs=args.passes, repeats=args.repeats, workers=args.workers, seed=args.seed, region=args.region)
+            raise ValueError("give either a SOURCE or --lab")
+        au = {"out": args.out or "build/bench/au", "json_path": args.json, "methods": methods,
+              "n_files": args.files or 256, "epochs": args.passes, "repeats": args.repeats, "workers": args.workers,
+              "seed": args.seed}
+        if args.lab:
+            from dataferry.lab.methodsbench import bench_au_lab
+
+            bench_au_lab(args.au, profiles=args.profiles.split(","), file_bytes=(args.file_kib or 112) << 10, **au)
+        else:
+            from dataferry.utilisation import bench_au
+
+            bench_au(args.au, args.source, region=args.region, **au)
     elif args.lab:
         if args.source:
             raise ValueError("give a SOURCE or --lab, not both")

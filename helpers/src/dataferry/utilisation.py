@@ -37,7 +37,7 @@ from dataferry.progress import progress_bar
 from dataferry.stage import stage
 from dataferry.timing import Results, evict, load_results
 
-__all__ = ["AU_METHODS", "compare_au", "au_table", "bench_au"]
+__all__ = ["AU_METHODS", "compare_au", "au_table", "bench_au", "run_au"]
 
 AU_METHODS = ("local", "gcsfuse", "gcsfuse-cache", "api", "stage", "cache")
 
@@ -165,70 +165,71 @@ def au_table(rows: Any) -> str:
     return "\n".join(lines)
 
 
-def bench_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], *, source: str | None = None, out: str | Path = "build/bench/au",
-             json_path: str | Path | None = None, methods: Sequence[str] | None = None,
-             profiles: Sequence[str] = ("same-continent", "cross-continent"), n_files: int = 256,
-             file_bytes: int = 112 << 10, epochs: int = 2, repeats: int = 3, batch_size: int = 32, workers: int = 4,
-             seed: int = 0, region: str | None = None, say: Callable[[str], None] = print) -> dict:
-    """``dataferry bench --au``: AU of each method under each ``compute`` profile (names in
-    :data:`dataferry.feed.PROFILES`, or profiles), on your data (``source``: ``gs://bucket/prefix`` or a folder) or, without
-    one, in a lab of its own under each region ``profiles`` (rows labelled ``lab:<profile>``). Prints the
-    table, writes the rows under ``out`` and a JSON summary."""
-    from dataferry.runtime import capture, detect_region
+def bench_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], source: str, *,
+             out: str | Path = "build/bench/au", json_path: str | Path | None = None,
+             methods: Sequence[str] | None = None, n_files: int = 256, epochs: int = 2, repeats: int = 3,
+             batch_size: int = 32, workers: int = 4, seed: int = 0, region: str | None = None,
+             say: Callable[[str], None] = print) -> dict:
+    """``dataferry bench --au PROFILE SOURCE``: AU of each method under each ``compute`` profile (names in
+    :data:`dataferry.feed.PROFILES`, or profiles) on your data (``gs://bucket/prefix`` or a folder), a
+    seeded sample of ``n_files``. Prints the table, writes the rows under ``out`` and a JSON summary.
+    (In the lab: :func:`dataferry.lab.methodsbench.bench_au_lab`.)"""
+    from dataferry.runtime import detect_region
+
+    work = Path(tempfile.mkdtemp(prefix="dataferry-au-"))
+    try:
+        target = source_target(source, max_files=n_files, seed=seed, work=work)
+        available = (["folder", "stage", "cache"] if target.bucket is None else
+                     ["api", "stage", "cache"] + (["gcsfuse", "gcsfuse-cache"] if target.mount else []))
+        return run_au(compute, target, [(contextlib.nullcontext(), detect_region(region))], methods or available,
+                      where=source, out=out, json_path=json_path, epochs=epochs, repeats=repeats,
+                      batch_size=batch_size, workers=workers, seed=seed, work=work, say=say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], target: Target,
+           regions: Sequence[tuple[contextlib.AbstractContextManager, Any]], methods: Sequence[str], *, where: str,
+           out: str | Path, json_path: str | Path | None, epochs: int, repeats: int, batch_size: int, workers: int,
+           seed: int, work: Path, say: Callable[[str], None]) -> dict:
+    """The AU comparison once its files are chosen: each of ``regions`` (the context that makes it so,
+    and its :class:`~dataferry.runtime.Region`) x each compute profile x each method, ``repeats`` times;
+    prints the table and writes the rows under ``out`` and a JSON summary. ``where`` names the data."""
+    from dataferry.runtime import capture
 
     computes = [PROFILES[c] if isinstance(c, str) else c
                 for c in ([compute] if isinstance(compute, (str, ComputeProfile)) else compute)]
-    out, work = Path(out), Path(tempfile.mkdtemp(prefix="dataferry-au-"))
-    lab = None
-    try:
-        if source is None:
-            from dataferry.lab import Lab
-            from dataferry.lab.methodsbench import lab_target
-
-            lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-au-state-")).up()
-            target = lab_target(lab, "bench-au", n_files, file_bytes, seed=seed, work=work)
-            regions = [(lab.using_profile(p), detect_region(lab_profile=p)) for p in profiles]
-            available = AU_METHODS if target.mount else [m for m in AU_METHODS if not m.startswith("gcsfuse")]
-        else:
-            target = source_target(source, max_files=n_files, seed=seed, work=work)
-            regions = [(contextlib.nullcontext(), detect_region(region))]
-            available = (["folder", "stage", "cache"] if target.bucket is None else
-                         ["api", "stage", "cache"] + (["gcsfuse", "gcsfuse-cache"] if target.mount else []))
-        methods = list(methods or available)
-        runtime = capture(str(work))
-        meta = {"experiment": "au", "where": source or "offline lab (not cloud numbers)", "runtime": runtime.to_dict(),
-                "compute_profiles": [{**c.__dict__} for c in computes], "seed": seed, "epochs": epochs, "repeats": repeats,
-                "batch_size": batch_size, "workers": workers, "methods": methods,
-                "dataset": {"files": len(target.names), "total_bytes": target.total_bytes}}
-        with Results(out, meta) as results, progress_bar(total=len(regions) * len(computes) * repeats * len(methods) * epochs,
-                                                 desc="bench --au", unit="epoch") as bar:
-            for shaping, region in regions:
-                with shaping:
-                    for c in computes:
-                        compare_au(target, results, methods, c, region=region, runtime_kind=runtime.kind,
-                                   epochs=epochs, repeats=repeats, batch_size=batch_size, workers=workers, seed=seed,
-                                   work=work, progress=bar)
-        rows = load_results(results.csv_path)
-        rows = rows[rows["run_id"] == results.run_id]
-        table = au_table(rows)
-        needs = [{"compute_profile": c.name, "needs_MBps": c.needs_MBps(target.mean_file_bytes), "source": c.source}
-                 for c in computes]
-        for c, n in zip(computes, needs):
-            say(f"{c!r} needs {n['needs_MBps']:.1f} MB/s of {target.mean_file_bytes / 1e3:.0f} kB samples; "
-                f"source: {c.source}")
-        say(table)
-        result = {"run_id": results.run_id, "results": str(results.csv_path), "needs": needs, "table": table,
-                  "au": [{"region": r, "compute_profile": c, "method": m, "epoch": int(e), "median": g["au"].median(),
-                          "min": g["au"].min(), "max": g["au"].max(), "n": len(g)}
-                         for (r, c, m, e), g in rows[rows["error"] == ""].groupby(
-                             ["region", "compute_profile", "method", "pass"])],
-                  "errors": rows[rows["error"] != ""]["error"].tolist()}
-        path = Path(json_path or out / "au.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1, default=str))
-        say(f"rows: {results.csv_path}\nsummary: {path}")
-        return result
-    finally:
-        if lab is not None:
-            lab.down()
-        shutil.rmtree(work, ignore_errors=True)
+    out, methods = Path(out), list(methods)
+    runtime = capture(str(work))
+    meta = {"experiment": "au", "where": where, "runtime": runtime.to_dict(),
+            "compute_profiles": [{**c.__dict__} for c in computes], "seed": seed, "epochs": epochs, "repeats": repeats,
+            "batch_size": batch_size, "workers": workers, "methods": methods,
+            "dataset": {"files": len(target.names), "total_bytes": target.total_bytes}}
+    with Results(out, meta) as results, progress_bar(total=len(regions) * len(computes) * repeats * len(methods) * epochs,
+                                             desc="bench --au", unit="epoch") as bar:
+        for shaping, region in regions:
+            with shaping:
+                for c in computes:
+                    compare_au(target, results, methods, c, region=region, runtime_kind=runtime.kind,
+                               epochs=epochs, repeats=repeats, batch_size=batch_size, workers=workers, seed=seed,
+                               work=work, progress=bar)
+    rows = load_results(results.csv_path)
+    rows = rows[rows["run_id"] == results.run_id]
+    table = au_table(rows)
+    needs = [{"compute_profile": c.name, "needs_MBps": c.needs_MBps(target.mean_file_bytes), "source": c.source}
+             for c in computes]
+    for c, n in zip(computes, needs):
+        say(f"{c!r} needs {n['needs_MBps']:.1f} MB/s of {target.mean_file_bytes / 1e3:.0f} kB samples; "
+            f"source: {c.source}")
+    say(table)
+    result = {"run_id": results.run_id, "results": str(results.csv_path), "needs": needs, "table": table,
+              "au": [{"region": r, "compute_profile": c, "method": m, "epoch": int(e), "median": g["au"].median(),
+                      "min": g["au"].min(), "max": g["au"].max(), "n": len(g)}
+                     for (r, c, m, e), g in rows[rows["error"] == ""].groupby(
+                         ["region", "compute_profile", "method", "pass"])],
+              "errors": rows[rows["error"] != ""]["error"].tolist()}
+    path = Path(json_path or out / "au.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str))
+    say(f"rows: {results.csv_path}\nsummary: {path}")
+    return result

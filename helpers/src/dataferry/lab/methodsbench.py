@@ -1,6 +1,7 @@
-"""The method comparison in the lab: a synthetic target in a lab bucket (:func:`lab_target`), and
-every method under each region profile in a lab of its own (:func:`bench_lab`, ``dataferry bench --lab``).
-Rows are labelled ``lab:<profile>``; nothing here is a cloud number.
+"""The method comparisons in the lab: a synthetic target in a lab bucket (:func:`lab_target`); every
+method under each region profile in a lab of its own, first and repeated reads (:func:`bench_lab`,
+``dataferry bench --lab``) and accelerator utilisation (:func:`bench_au_lab`, ``dataferry bench --au
+PROFILE --lab``). Rows are labelled ``lab:<profile>``; nothing here is a cloud number.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Any
 
 from dataferry.bench.methods import LAB_METHODS, Target, compare_methods
 from dataferry.bench.report import gpu_rows, write_summary
+from dataferry.feed import ComputeProfile
 from dataferry.lab.core import Lab
 from dataferry.lab.profiles import PROFILES
 from dataferry.progress import progress_bar
 from dataferry.sources import GCSSource
 from dataferry.timing import Results
+from dataferry.utilisation import AU_METHODS, run_au
 
-__all__ = ["lab_target", "bench_lab"]
+__all__ = ["lab_target", "bench_lab", "bench_au_lab"]
 
 MiB = 1 << 20
 
@@ -101,6 +104,29 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
         Path(json_path).write_text(json.dumps(result, indent=1, default=str))
         say("\nlab checks: " + json.dumps(result["checks"], indent=1, default=str))
         return result
+    finally:
+        lab.down()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench_au_lab(compute: str | ComputeProfile | Sequence[str | ComputeProfile], *,
+                 out: str | os.PathLike[str] = "build/bench/au", json_path: str | os.PathLike[str] | None = None,
+                 methods: Sequence[str] | None = None, profiles: Sequence[str] = ("same-continent", "cross-continent"),
+                 n_files: int = 256, file_bytes: int = 112 << 10, epochs: int = 2, repeats: int = 3,
+                 batch_size: int = 32, workers: int = 4, seed: int = 0, say: Callable[[str], None] = print) -> dict:
+    """:func:`dataferry.utilisation.bench_au` in a lab of its own: ``n_files`` synthetic files of
+    ``file_bytes``, each method under each compute profile and each region ``profiles``."""
+    from dataferry.runtime import detect_region
+
+    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-au-state-")).up()
+    work = Path(tempfile.mkdtemp(prefix="dataferry-au-"))
+    try:
+        target = lab_target(lab, "bench-au", n_files, file_bytes, seed=seed, work=work)
+        regions = [(lab.using_profile(p), detect_region(lab_profile=p)) for p in profiles]
+        available = AU_METHODS if target.mount else [m for m in AU_METHODS if not m.startswith("gcsfuse")]
+        return run_au(compute, target, regions, methods or available, where="offline lab (not cloud numbers)",
+                      out=out, json_path=json_path, epochs=epochs, repeats=repeats, batch_size=batch_size,
+                      workers=workers, seed=seed, work=work, say=say)
     finally:
         lab.down()
         shutil.rmtree(work, ignore_errors=True)

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dataferry.stats import Summary, bootstrap_median_ci, epoch_throughput, speedup, summarize, summarize_frame
+from dataferry.stats import (Summary, bootstrap_median_ci, epoch_throughput, speedup, summarize, summarize_frame,
+                             three_digits)
 
 
 def test_summarize_known_answers_even():
@@ -214,3 +215,10 @@ def test_epoch_throughput_is_not_mean_of_rates():
     assert abs(epoch1 - mean_of_rates) > 400
     assert out.loc[2, "MBps"] == pytest.approx(1_001_000 / 5_001_000 * 1e3)
     assert list(out["files"]) == [2, 2]
+
+
+def test_three_digits_shows_three_significant_digits_without_exponents():
+    """How lessons print a measured ratio or rate in a sentence: the same digits as a Summary."""
+    assert [three_digits(v) for v in (0.01234, 0.5, 1.2345, 12.345, 123.45, 98765.4)] == [
+        "0.0123", "0.500", "1.23", "12.3", "123", "98765"]
+    assert three_digits(0) == "0.000" and three_digits(float("nan")) == "nan"

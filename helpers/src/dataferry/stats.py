@@ -26,6 +26,7 @@ __all__ = [
     "speedup",
     "summarize",
     "summarize_frame",
+    "three_digits",
 ]
 
 _STAT_COLUMNS = ["n", "median", "q1", "q3", "iqr", "p5", "p95", "min", "max", "ci_low", "ci_high"]
@@ -59,6 +60,12 @@ class Summary:
             f"median {self.median:.{d}f} [{self.ci_low:.{d}f}, {self.ci_high:.{d}f}] "
             f"(n={self.n}, IQR {self.iqr:.{d}f})"
         )
+
+
+def three_digits(v: float) -> str:
+    """``v`` to three significant digits, without an exponent (``0.0123``, ``1.23``, ``123``,
+    ``98765``): how a lesson's sentence shows a measured ratio or rate, as :class:`Summary` does."""
+    return f"{v:.{_decimals(v)}f}"
 
 
 def _decimals(v: float) -> int:

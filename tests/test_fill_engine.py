@@ -12,7 +12,7 @@ import google_crc32c
 import pytest
 import requests
 
-from dataferry import Cache, GCSSource, stage
+from dataferry import Cache, GCSSource, LocalSource, stage
 from dataferry.cache import bulk
 from dataferry.cache.checksum import combine
 from dataferry.lab import Profile, plan_dataset
@@ -203,3 +203,38 @@ def test_a_listed_generation_fills_even_after_an_overwrite_in_a_versioned_bucket
     assert all(f.error is None and f.fetched == f.size for f in filled.values()), filled
     assert [cache.read(source, e) for e in listed] == [b"first %d" % i * 1000 for i in range(3)]
     assert cache.read(source, "0.bin") == b"second", "by name: the current generation"
+
+
+class _CountingFolder(LocalSource):
+    """A real folder that records every fetch (in one process: the fills here run on threads)."""
+
+    def __init__(self, root, fetched: list) -> None:
+        super().__init__(root)
+        self.fetched = fetched
+
+    def fetch(self, entry, out, start=0, timeout=None):
+        self.fetched.append(entry.name)
+        return super().fetch(entry, out, start, timeout)
+
+
+def test_a_fill_ahead_from_a_folder_that_waited_on_another_fill_does_nothing_after_it(tmp_path):
+    """As on the download loop: a fill ahead of a reader that had to wait for someone else's fill of
+    the same object (in practice the reader's own) does nothing once that is over, even if the object
+    is not there (evicted again under a budget, or that fill failed): it was for a read that happened,
+    and downloading again would only evict what is still to be read."""
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "x.bin").write_bytes(b"x" * 1000)
+    fetched: list[str] = []
+    source = _CountingFolder(root, fetched)
+    cache = Cache(tmp_path / "c")
+    entry = source.stat("x.bin")
+    with cache._fill_lock(cache.key(source, entry)):  # another fill of x.bin, which leaves nothing
+        [ahead] = cache.fill_later(source, [entry])
+        time.sleep(0.3)
+        assert not ahead.done(), "the fill ahead waits for the other fill"
+    assert ahead.result(timeout=10) == []
+    assert fetched == [] and cache.entries() == [], "the fill ahead that waited downloaded nothing"
+    [again] = cache.fill_later(source, [entry])
+    assert again.result(timeout=10) == [] and fetched == ["x.bin"], "one that did not wait fills"
+    assert cache.read(source, entry) == b"x" * 1000 and fetched == ["x.bin"]

@@ -196,7 +196,7 @@ class BulkFilling:
         failed = []
         for item in items:
             try:
-                self.fill(source, item)
+                self._fill(source, item, ahead=True)
             except Exception as e:  # noqa: BLE001 - the reader's own read raises it properly
                 failed.append((item.name, e))
         return failed

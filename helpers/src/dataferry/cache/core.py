@@ -196,7 +196,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
     def _entry(source: Source, item: Entry | str) -> Entry:
         return item if isinstance(item, Entry) else source.stat(item)
 
-    def _fill_lock(self, key: str) -> contextlib.AbstractContextManager[None]:
+    def _fill_lock(self, key: str) -> contextlib.AbstractContextManager[bool]:
         return self._fill_locks.hold(key)
 
     # -- reading ----------------------------------------------------------------------------

@@ -108,15 +108,20 @@ class Filling:
         """Make sure the object is cached. Returns the bytes downloaded (0 if it was already
         there, -1 if it cannot fit in the budget). One download per object per machine: other
         threads and processes asking for it at the same time wait for this one."""
+        return self._fill(source, item)
+
+    def _fill(self, source: Source, item: Entry | str, ahead: bool = False) -> int:
+        """:meth:`fill`. A fill ``ahead`` of a reader that waited for someone else's fill of the same
+        object does nothing after it, as on the download loop: that fill was for its own read."""
         entry = self._entry(source, item)
         key = self.key(source, entry)
         path = self._object_path(key)
         if os.path.exists(path):
             return 0
         t0 = time.perf_counter()
-        with self._fill_lock(key):
+        with self._fill_lock(key) as waited:
             self._count(wait_s=time.perf_counter() - t0)
-            if os.path.exists(path):
+            if os.path.exists(path) or (ahead and waited):
                 return 0
             self._count(misses=1)
             refusal = self._reserve(source, entry, key)

@@ -60,14 +60,16 @@ class FillLocks:
         return f.fileno()
 
     @contextlib.contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        """Hold ``key``'s fill lock, waiting for it (in the kernel) while another thread or process does."""
-        fd, offset = self._file(), lock_offset(key)
-        fcntl.fcntl(fd, _SETLKW, _request(fcntl.F_WRLCK, offset))
+    def hold(self, key: str) -> Iterator[bool]:
+        """Hold ``key``'s fill lock, waiting for it (in the kernel) while another thread or process
+        does. Gives whether it had to wait for another."""
+        waited = not self.try_hold(key)
+        if waited:
+            fcntl.fcntl(self._file(), _SETLKW, _request(fcntl.F_WRLCK, lock_offset(key)))
         try:
-            yield
+            yield waited
         finally:
-            fcntl.fcntl(fd, _SETLK, _request(fcntl.F_UNLCK, offset))
+            self.release(key)
 
     def try_hold(self, key: str) -> bool:
         """Take ``key``'s fill lock if no other thread or process holds it; never waits."""

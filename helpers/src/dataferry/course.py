@@ -235,11 +235,13 @@ class Course:
         if self.where == "mine":
             from dataferry.mounts import NotInColab, authenticate
 
+            from dataferry.sources.gcs import signed_in_client
+
             try:
                 authenticate()
             except NotInColab:
                 pass  # off Colab: application-default credentials, as storage.Client() finds them
-            return storage.Client(project=project or None)
+            return signed_in_client("your bucket", project=project or None)
         raise ValueError("the lab has its own client: lab.client()")
 
     def cloud_data(self, bucket: str = "", prefix: str = "", project: str = "", dataset: str = "flowers") -> CloudData:

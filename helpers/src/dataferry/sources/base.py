@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import BinaryIO, Protocol, runtime_checkable
 
-__all__ = ["Entry", "EntryTable", "Source", "SourceError", "NotFoundAtSource", "ChangedAtSource", "fetches_async",
+__all__ = ["Entry", "EntryTable", "Source", "SourceError", "NotFoundAtSource", "NoCredentials", "ChangedAtSource",
+           "fetches_async",
            "safe_name", "where", "CHUNK", "DEFAULT_RETRY_DEADLINE_S"]
 
 CHUNK = 1 << 20
@@ -22,6 +23,10 @@ class SourceError(RuntimeError):
 
 class NotFoundAtSource(SourceError, FileNotFoundError):
     """The object (or the bucket or folder) does not exist."""
+
+
+class NoCredentials(SourceError, PermissionError):
+    """No Google credentials were found to read a bucket; the message says how to sign in."""
 
 
 class ChangedAtSource(SourceError):

@@ -7,10 +7,11 @@ import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from dataferry.sources.base import DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, NotFoundAtSource, where
+from dataferry.sources.base import (DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, NoCredentials, NotFoundAtSource,
+                                    where)
 from dataferry.sources.retries import Attempts, retry_policy
 
-__all__ = ["GCSSource", "POOL_SIZE"]
+__all__ = ["GCSSource", "POOL_SIZE", "signed_in_client"]
 
 
 class GCSSource:
@@ -40,9 +41,7 @@ class GCSSource:
 
     def _client_here(self) -> Any:
         if self._client is None or self._pid != os.getpid():
-            from google.cloud import storage
-
-            self._client = _tuned(storage.Client(**(self._settings or {})))
+            self._client = _tuned(signed_in_client(self.uri, **(self._settings or {})))
             self._pid = os.getpid()
         return self._client
 
@@ -128,6 +127,22 @@ class GCSSource:
 
     def __repr__(self) -> str:
         return f"GCSSource({self.bucket!r}, {self.prefix!r})"
+
+
+def signed_in_client(reading: str, **settings: Any) -> Any:
+    """``storage.Client(**settings)``, or :class:`NoCredentials` saying how to sign in (in Colab and
+    elsewhere) when there are no credentials to read ``reading`` (a ``gs://`` address, or words)."""
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import storage
+
+    try:
+        return storage.Client(**settings)
+    except DefaultCredentialsError:
+        raise NoCredentials(
+            f"no Google credentials found to read {reading}. In Colab, run dataferry.mounts.authenticate() "
+            "first (it signs you in); elsewhere run `gcloud auth application-default login`, or set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a service-account key file. A public bucket needs none: "
+            "pass client=storage.Client.create_anonymous_client()") from None
 
 
 _PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")

@@ -234,7 +234,6 @@ class Course:
             return storage.Client.create_anonymous_client()
         if self.where == "mine":
             from dataferry.mounts import NotInColab, authenticate
-
             from dataferry.sources.gcs import signed_in_client
 
             try:

@@ -32,7 +32,8 @@ MiB = 1 << 20
 def lab_target(lab: Lab, bucket: str, n_files: int, file_bytes: int, *, seed: int = 0,
                work: str | os.PathLike[str] | None = None) -> Target:
     """Make a synthetic dataset in a lab bucket (and a plain local copy) and describe it as a
-    :class:`Target` for :func:`measure`, with gcsfuse mounts when the lab has gcsfuse."""
+    :class:`~dataferry.bench.Target` for :func:`dataferry.bench.measure`, with gcsfuse mounts when the lab has
+    gcsfuse."""
     work = Path(work or tempfile.mkdtemp(prefix="dataferry-target-"))
     ds = lab.make_dataset(bucket, n_files, file_bytes, prefix="m", seed=seed, shard_bytes=None)
     ds.write_to(work / "local")

@@ -89,4 +89,7 @@ def test_reading_a_bucket_without_credentials_says_how_to_sign_in(tmp_path, monk
                            str(tmp_path / "cache")], capture_output=True, text=True, env=_without_credentials(tmp_path),
                           timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "dataferry: error: no Google credentials found to read gs://some-bucket/train/" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dataferry: error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "dataferry: error: no Google credentials found to read gs://some-bucket/train/"), \
+        f"one error line of its own, not glued to the staging bar: {proc.stderr!r}"

@@ -89,27 +89,26 @@ def stage(
         items = (item for item in items
                  if shard_of(item.name if isinstance(item, Entry) else item, world_size) == rank)
     report = StageReport(rank=rank, world_size=world_size)
-    bar = progress_bar(progress, desc=f"staging {source.uri}", unit="file", dynamic_ncols=True)
     t0 = time.perf_counter()
-    for filled in cache.fill_many(source, items, width=workers or width_for(source)):
-        if filled.error is not None:
-            report.failures.append((filled.name, f"{filled.error.__class__.__name__}: {filled.error}"))
-        else:
-            report.bytes_total += filled.size
-            if filled.fetched > 0:
-                report.fetched += 1
-                report.bytes_fetched += filled.fetched
-            elif filled.fetched == 0:
-                report.already_cached += 1
+    with progress_bar(progress, desc=f"staging {source.uri}", unit="file", dynamic_ncols=True) as bar:
+        for filled in cache.fill_many(source, items, width=workers or width_for(source)):
+            if filled.error is not None:
+                report.failures.append((filled.name, f"{filled.error.__class__.__name__}: {filled.error}"))
             else:
-                report.failures.append((filled.name, f"does not fit in the cache: {filled.refusal}"))
-        report.files += 1
-        bar.update(1)
-        elapsed = time.perf_counter() - t0
-        bar.set_postfix_str(f"{report.bytes_fetched / 1e6:.0f} MB, {report.bytes_fetched / elapsed / 1e6:.1f} MB/s",
-                            refresh=False)
+                report.bytes_total += filled.size
+                if filled.fetched > 0:
+                    report.fetched += 1
+                    report.bytes_fetched += filled.fetched
+                elif filled.fetched == 0:
+                    report.already_cached += 1
+                else:
+                    report.failures.append((filled.name, f"does not fit in the cache: {filled.refusal}"))
+            report.files += 1
+            bar.update(1)
+            elapsed = time.perf_counter() - t0
+            rate = report.bytes_fetched / elapsed / 1e6
+            bar.set_postfix_str(f"{report.bytes_fetched / 1e6:.0f} MB, {rate:.1f} MB/s", refresh=False)
     report.seconds = time.perf_counter() - t0
-    bar.close()
     if progress:
         print(report)
     return report

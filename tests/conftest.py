@@ -16,3 +16,13 @@ def gcsfuse_lab(lab):
             pytest.skip(f"no FUSE on this machine: {why}")
         pytest.fail(f"gcsfuse unavailable: {g['why']}")
     return lab
+
+
+@pytest.fixture
+def no_credentials(monkeypatch, tmp_path):
+    """A machine with no Google credentials at all (as a Colab notebook before its sign-in cell): no
+    key file, no gcloud login, no metadata server, no emulator. Child processes inherit it."""
+    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")

@@ -61,23 +61,11 @@ def test_missing_gcsfuse_binary(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
-def _without_credentials(tmp_path) -> dict[str, str]:
-    """A machine with no Google credentials at all (as a Colab notebook before its sign-in cell): no
-    key file, no gcloud login, no metadata server, no emulator."""
-    gone = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT")
-    return {**{k: v for k, v in os.environ.items() if k not in gone},
-            "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "NO_GCE_CHECK": "True"}
-
-
-def test_reading_a_bucket_without_credentials_says_how_to_sign_in(tmp_path, monkeypatch):
+def test_reading_a_bucket_without_credentials_says_how_to_sign_in(no_credentials, tmp_path):
     """google-auth's DefaultCredentialsError becomes one line that says what to do, in Colab and
     elsewhere, and that a public bucket needs no credentials."""
     from dataferry.sources import GCSSource, NoCredentials, SourceError
 
-    for name, value in _without_credentials(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
-        monkeypatch.delenv(name, raising=False)
     with pytest.raises(NoCredentials) as caught:
         list(GCSSource("some-bucket", "train").list())
     assert isinstance(caught.value, SourceError) and isinstance(caught.value, PermissionError)
@@ -86,8 +74,7 @@ def test_reading_a_bucket_without_credentials_says_how_to_sign_in(tmp_path, monk
                    "create_anonymous_client()"):
         assert advice in str(caught.value)
     proc = subprocess.run([sys.executable, "-m", "dataferry.cli", "stage", "gs://some-bucket/train/", "--cache",
-                           str(tmp_path / "cache")], capture_output=True, text=True, env=_without_credentials(tmp_path),
-                          timeout=120)
+                           str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dataferry: error:")]
     assert len(errors) == 1 and errors[0].startswith(

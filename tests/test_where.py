@@ -148,15 +148,11 @@ def test_show_table_leaves_missing_values_blank_and_formats_the_rest(capsys):
     assert [[cell.strip() for cell in row] for row in rows] == [["zip", "0.00443"], ["stage", ""]]
 
 
-def test_your_own_bucket_without_credentials_says_how_to_sign_in(outside, monkeypatch, tmp_path):
+def test_your_own_bucket_without_credentials_says_how_to_sign_in(outside, no_credentials):
     """WHERE = 'mine' off Colab with no credentials: one message that says how to sign in, not
     google-auth's DefaultCredentialsError."""
     from dataferry.sources import NoCredentials
 
-    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
-    monkeypatch.setenv("NO_GCE_CHECK", "True")
     with pytest.raises(NoCredentials, match=r"no Google credentials found to read your bucket\. In Colab, run "
                                             r"dataferry\.mounts\.authenticate\(\)"):
         Course("04_stage_to_local_disk", "mine").cloud_data(bucket="my-data")

@@ -98,8 +98,6 @@ def _file_cache_mb(cache: Path, asked: int | None) -> int:
     """gcsfuse's ``file-cache: max-size-mb`` for a cache in ``cache``: what was asked, checked
     against the disk's free space, or by default :func:`file_cache_room_mb`."""
     usage = shutil.disk_usage(cache)
-    reserve = _kept_free(usage)
-    room_mb = file_cache_room_mb(usage)
     if asked == -1:
         warnings.warn(f"an unlimited gcsfuse file cache can fill the disk under {cache} "
                       f"({usage.free / 1e9:.1f} GB free): pass cache_max_mb to bound it", UserWarning, stacklevel=3)
@@ -107,11 +105,13 @@ def _file_cache_mb(cache: Path, asked: int | None) -> int:
     if asked is not None and asked * 2**20 > usage.free:
         raise MountError(f"a {asked} MB file cache does not fit: the disk under {cache} has {usage.free // 2**20} MB "
                          "free. Pass a smaller cache_max_mb, or free some space.")
-    if asked is None and room_mb < 64:
+    if asked is not None:
+        return asked
+    if file_cache_room_mb(usage) < 64:
         raise MountError(f"no room for a file cache under {cache}: {usage.free // 2**20} MB free, and "
-                         f"{reserve // 2**20} MB are kept free for everything else. Free some space, put the "
-                         "cache on another disk, or mount without cache_dir.")
-    return asked if asked is not None else int(room_mb)
+                         f"{_kept_free(usage) // 2**20} MB are kept free for everything else. Free some space, put "
+                         "the cache on another disk, or mount without cache_dir.")
+    return file_cache_room_mb(usage)
 
 
 def _config_text(config: Mapping[str, Any]) -> str:
@@ -142,9 +142,9 @@ def mount_gcsfuse(
     ``cache_dir`` turns on gcsfuse's file cache there: a file read once is re-read from local disk
     until unmount. Its size is ``cache_max_mb``; None bounds it to the free space of that disk less
     a reserve (a tenth of the disk, at most half the free space, at least 1 GiB: see
-    :func:`file_cache_room_mb`), because gcsfuse's own "unlimited" (-1)
-    can fill a Colab runtime's disk; -1 is still yours to ask for, with a warning. ``config`` is
-    merged into the gcsfuse config file.
+    :func:`file_cache_room_mb`), because gcsfuse's own "unlimited" (-1) can fill a Colab runtime's
+    disk; -1 is still yours to ask for, with a warning. ``config`` is merged into the gcsfuse
+    config file.
     Raises :class:`MountError` with the tail of gcsfuse's log when it exits or does not answer in
     ``timeout`` seconds. Use the result in a ``with`` block or call ``.unmount()``.
     """

@@ -1,15 +1,22 @@
 """Checkpoints to a folder (local, a gcsfuse mount) and to a lab bucket: kept N, verified, and a process
 killed in the middle of a save leaves the previous checkpoint the latest, whole."""
 
+import base64
+import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
+import warnings
+from pathlib import Path
 
 import pytest
 
-from dataferry.checkpoints import CheckpointError, Checkpoints
+from dataferry.checkpoints import CheckpointError, Checkpoints, CheckpointWarning
 
 
 def _payload(step: int, size: int = 300_000) -> bytes:
@@ -125,3 +132,228 @@ def test_a_record_torn_by_a_disconnect_does_not_count(tmp_path):
     _save(ckpt, 2)
     (tmp_path / "ckpts" / "checkpoint-000000002.pt.json").write_text('{"name": "checkpoint-0000')
     assert ckpt.latest().step == 1 and ckpt.fetch().read_bytes() == _payload(1)
+
+
+# -- nothing acknowledged is ever lost: re-saves, saves below the newest, kills at each point --------
+
+KILL_AT = textwrap.dedent("""
+    import os, shutil, signal, sys
+    from pathlib import Path
+    import dataferry.checkpoints as ck
+
+    dest, work, step, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def half_copy(src, dst, *a, **k):  # a disconnect in the middle of the copy to the destination
+        data = Path(src).read_bytes()
+        with open(dst, "wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+        die()
+
+    real_put = ck.Checkpoints._put_text
+    def half_record(self, name, text):  # a disconnect in the middle of writing the record
+        real_put(self, name, text[: len(text) // 2])
+        die()
+
+    def writing(path):  # a kill while the training loop writes the checkpoint locally
+        Path(path).write_bytes(b"x" * 100_000)
+        die()
+
+    if kill_at == "copy":
+        shutil.copyfile = half_copy
+    elif kill_at == "record":
+        ck.Checkpoints._put_text = half_record
+    ck.Checkpoints(dest, keep=3, work=work).save(step, writing if kill_at == "write" else
+                                                 lambda p: Path(p).write_bytes(b"killed save %d" % step))
+""")
+
+
+def _kill_during_save(dest, work, step: int, kill_at: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", KILL_AT, str(dest), str(work), str(step), kill_at],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kill_at", ["copy", "record"])
+def test_a_kill_while_saving_a_recorded_step_again_keeps_the_acknowledged_save(tmp_path, kill_at):
+    """A resumed loop saves again at the step it resumed from: the saved one is never written over."""
+    ckpt = Checkpoints(tmp_path / "ckpts", keep=3, work=tmp_path / "work")
+    _save(ckpt, 1)
+    _save(ckpt, 2)
+    _kill_during_save(tmp_path / "ckpts", tmp_path / "work", 2, kill_at)
+    assert ckpt.latest().step == 2, "latest() never goes back past an acknowledged save"
+    assert ckpt.fetch(tmp_path / "back").read_bytes() == _payload(2), "the acknowledged save comes back whole"
+    again = ckpt.save(2, lambda p: p.write_bytes(b"second save of step 2"))
+    assert ckpt.latest() == again and ckpt.fetch(tmp_path / "back").read_bytes() == b"second save of step 2"
+
+
+def test_saving_below_the_newest_step_makes_that_save_the_latest(tmp_path):
+    """Restarting from an older checkpoint: the new save is what a later resume gets, not the old run's newer step."""
+    ckpt = Checkpoints(tmp_path / "ckpts", keep=3, work=tmp_path / "work")
+    for step in (100, 200, 300, 400, 500):
+        _save(ckpt, step)
+    saved = ckpt.save(200, lambda p: p.write_bytes(b"step 200, second run"))
+    assert (tmp_path / "ckpts" / saved.name).read_bytes() == b"step 200, second run", "the save is not pruned"
+    assert ckpt.latest() == saved
+    assert ckpt.fetch(tmp_path / "back").read_bytes() == b"step 200, second run"
+    assert len(ckpt.saved()) == 3, "keep counts the newest saves"
+
+
+def test_no_temporary_copy_outlives_a_kill_once_checkpoints_opens_the_work_folder_again(tmp_path):
+    work = tmp_path / "work"
+    _save(Checkpoints(tmp_path / "ckpts", work=work), 1)
+    for step, kill_at in ((2, "write"), (3, "copy"), (4, "write")):
+        _kill_during_save(tmp_path / "ckpts", work, step, kill_at)
+    assert list(work.iterdir()), "each kill left its local copy behind"
+    ckpt = Checkpoints(tmp_path / "ckpts", work=work)
+    assert not list(work.iterdir()), "opening the work folder again removes what killed saves left"
+    assert ckpt.latest().step == 1
+
+
+def test_a_copy_in_progress_in_another_process_is_not_removed(tmp_path):
+    """Opening the work folder removes only what no live save holds."""
+    work = tmp_path / "work"
+    ckpt = Checkpoints(tmp_path / "ckpts", work=work)
+    seen = []
+
+    def write(path):
+        path.write_bytes(b"in progress")
+        Checkpoints(tmp_path / "ckpts", work=work)  # another Checkpoints opens the same work folder meanwhile
+        seen.append(path.exists())
+
+    ckpt.save(1, write)
+    assert seen == [True]
+    assert ckpt.fetch(tmp_path / "back").read_bytes() == b"in progress"
+
+
+def _record(tmp_path, step: int) -> Path:
+    return tmp_path / "ckpts" / f"checkpoint-{step:09d}.pt.json"
+
+
+@pytest.mark.parametrize("bad", ["escaping name", "step a string", "a directory", "bytes a float", "not json"])
+def test_a_record_that_is_not_one_of_ours_does_not_count(tmp_path, bad):
+    ckpt = Checkpoints(tmp_path / "ckpts", keep=3, work=tmp_path / "work")
+    _save(ckpt, 1)
+    _save(ckpt, 2)
+    record = _record(tmp_path, 2)
+    fields = json.loads(record.read_text())
+    (tmp_path / "outside.pt").write_bytes(b"not a checkpoint")
+    if bad == "a directory":
+        record.unlink()
+        record.mkdir()
+    elif bad == "not json":
+        record.write_bytes(b"\xff\x00garbage")
+    else:
+        fields.update({"escaping name": {"name": "../../outside.pt"}, "step a string": {"step": "2"},
+                       "bytes a float": {"bytes": 1.5}}[bad])
+        record.write_text(json.dumps(fields))
+    assert ckpt.latest().step == 1
+    assert ckpt.fetch(tmp_path / "back").read_bytes() == _payload(1)
+
+
+def test_fetch_falls_back_to_the_newest_good_checkpoint(tmp_path):
+    ckpt = Checkpoints(tmp_path / "ckpts", keep=3, work=tmp_path / "work")
+    for step in (1, 2, 3):
+        _save(ckpt, step)
+    path = tmp_path / "ckpts" / "checkpoint-000000003.pt"
+    path.write_bytes(path.read_bytes()[:1000])  # truncated after it was saved
+    (tmp_path / "ckpts" / "checkpoint-000000002.pt").unlink()  # deleted by hand
+    with pytest.warns(CheckpointWarning, match=r"checkpoint-000000003\.pt.*CRC32C.*checkpoint-000000002\.pt.*missing"):
+        back = ckpt.fetch(tmp_path / "back")
+    assert back.read_bytes() == _payload(1)
+    assert not [p for p in (tmp_path / "back").iterdir() if p != back], "a refused copy is not left behind"
+    (tmp_path / "ckpts" / "checkpoint-000000001.pt").unlink()
+    with pytest.raises(CheckpointError, match="no checkpoint in .* is whole"):
+        ckpt.fetch(tmp_path / "back")
+
+
+def test_latest_and_fetch_on_a_missing_bucket_are_clear_errors(lab, tmp_path):
+    ckpt = Checkpoints("gs://no-such-bucket-here/ckpts", client=lab.client(direct=True), work=tmp_path / "work")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ckpt.latest()
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ckpt.fetch()
+
+
+def test_a_bucket_that_cannot_be_reached_is_a_clear_error_within_the_timeout(tmp_path):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    with socket.socket() as s:  # a port nothing listens on: a dead endpoint
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = storage.Client(project="lab", credentials=AnonymousCredentials(),
+                            client_options={"api_endpoint": f"http://127.0.0.1:{port}"})
+    ckpt = Checkpoints("gs://b/ckpts", client=client, work=tmp_path / "work", timeout_s=2)
+    t0 = time.monotonic()
+    with pytest.raises(CheckpointError, match="could not reach"):
+        ckpt.latest()
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_checkpoint_deleted_from_a_bucket_falls_back(lab, lab_bucket, tmp_path):
+    ckpt = Checkpoints(f"gs://{lab_bucket.name}/ckpts", client=lab.client(direct=True), work=tmp_path / "work")
+    _save(ckpt, 1)
+    _save(ckpt, 2)
+    lab.client(direct=True).bucket(lab_bucket.name).blob("ckpts/checkpoint-000000002.pt").delete()
+    with pytest.warns(CheckpointWarning, match="missing"):
+        assert ckpt.fetch(tmp_path / "back").read_bytes() == _payload(1)
+
+
+SAVER = textwrap.dedent("""
+    import random, sys
+    from pathlib import Path
+    from dataferry.checkpoints import Checkpoints
+
+    dest, work, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    rng = random.Random(seed)
+    ckpt = Checkpoints(dest, keep=3, work=work)
+    latest = ckpt.latest()
+    step = latest.step if latest else 0
+    print("ready", flush=True)
+    while True:
+        step = rng.choice([step, step + 1, step + 1, max(0, step - 2)])  # re-saves and saves below the newest too
+        body = b"%d:" % step + rng.randbytes(rng.randrange(1, 400_000))
+        saved = ckpt.save(step, lambda p: Path(p).write_bytes(body))
+        print(saved.name, saved.serial, saved.crc32c, flush=True)  # acknowledged
+""")
+
+
+def test_random_kills_during_saves_never_lose_an_acknowledged_checkpoint(tmp_path):
+    """SIGKILLs at random moments of a loop that saves, re-saves a step and saves below the newest:
+    every acknowledged save stays recorded and whole, latest() never goes back past one, fetch()
+    needs no fallback, and no local copy outlives the next Checkpoints(...)."""
+    import google_crc32c
+
+    dest, work = tmp_path / "ckpts", tmp_path / "work"
+    rng = random.Random(20261124)
+    for seed in range(20):
+        proc = subprocess.Popen([sys.executable, "-c", SAVER, str(dest), str(work), str(seed)],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "ready\n"
+        time.sleep(rng.uniform(0.0, 0.4))
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+        lines = out.split("\n")
+        if len(lines) > 1:
+            name, serial, crc = lines[-2].split()
+            acknowledged = (name, int(serial), crc)
+        ckpt = Checkpoints(dest, keep=3, work=work)
+        assert not list(work.iterdir()), "no temporary copy survives the next Checkpoints(...)"
+        if acknowledged is None:
+            continue
+        saved = {s.name: s for s in ckpt.saved()}
+        name, serial, crc = acknowledged
+        assert name in saved and (saved[name].serial, saved[name].crc32c) == (serial, crc), \
+            f"the acknowledged save {name} was lost"
+        latest = ckpt.latest()
+        assert latest.serial >= serial, f"latest() {latest.name} went back past the acknowledged {name}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing recorded is damaged: fetch needs no fallback
+            data = ckpt.fetch(tmp_path / "back").read_bytes()
+        assert base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode() == latest.crc32c
+        assert data.startswith(b"%d:" % latest.step)
+    assert acknowledged is not None

@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 
 from dataferry import __version__
@@ -355,6 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """Warnings from the command, as one line each (not Python's two, with a source line)."""
+    print(f"dataferry: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dataferry`` console script. Errors print one line and exit 2."""
     args = build_parser().parse_args(argv)
@@ -366,7 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dataferry.sources import SourceError
 
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            return args.func(args)
     except (LabError, MountError, SourceError, CacheFolderError, ValueError) as e:
         print(f"dataferry: error: {e}", file=sys.stderr)
         return 2

@@ -22,8 +22,8 @@ face; one idea per module behind it:
 
 from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES, Refusal
 from dataferry.cache.core import Cache, CacheStats
-from dataferry.cache.errors import CacheFolderError, CacheFullWarning, ChecksumError, FillTimeout
+from dataferry.cache.errors import CacheFolderError, CacheFullWarning, CacheIndexWarning, ChecksumError, FillTimeout
 from dataferry.cache.recovery import VerifyReport
 
-__all__ = ["Cache", "CacheStats", "VerifyReport", "ChecksumError", "CacheFullWarning", "CacheFolderError",
+__all__ = ["Cache", "CacheStats", "VerifyReport", "ChecksumError", "CacheFullWarning", "CacheIndexWarning", "CacheFolderError",
            "FillTimeout", "Refusal", "DEFAULT_MIN_FREE_BYTES"]

@@ -24,7 +24,7 @@ from dataferry.cache.checksum import b64
 from dataferry.cache.bulk import BulkFilling
 from dataferry.cache.errors import CacheFolderError, ChecksumError
 from dataferry.cache.fill import Filling
-from dataferry.cache.index import FLUSH_EVERY, FLUSH_S, IndexWriter, connect, create
+from dataferry.cache.index import FLUSH_EVERY, FLUSH_S, IndexWriter, connect, create, damaged
 from dataferry.cache.layout import CHUNK, lay_out, printable
 from dataferry.cache.layout import key as entry_key
 from dataferry.cache.locks import FillLocks, renew_after_fork
@@ -102,6 +102,15 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         self.retry_deadline_s = retry_deadline_s
         lay_out(self.root)
         self._init_process_state()
+        try:
+            self._open_index()
+        except sqlite3.DatabaseError as e:
+            if not damaged(e):
+                raise
+            self._set_index_aside(e)
+            self._open_index()
+
+    def _open_index(self) -> None:
         create(self._db())
         self._recover()
 
@@ -266,9 +275,15 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         raise ChecksumError(f"{where(source, printable(entry.name))}: the cached copy keeps coming back damaged")
 
     def _stored_crc(self, key: str) -> str | None:
-        self._flush()
-        row = self._db().execute("SELECT crc32c FROM entries WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
+        """The CRC32C computed when ``key`` was filled: one query, and a wait for this process's pending
+        index writes only when its row is not marked ready yet (it was filled a moment ago)."""
+        for pending in (False, True):
+            if pending:
+                self._flush()
+            row = self._db().execute("SELECT crc32c FROM entries WHERE key = ?", (key,)).fetchone()
+            if row and row[0]:
+                return row[0]
+        return None
 
     def open(self, source: Source, item: Entry | str) -> BinaryIO:
         """A binary file object on the cached copy, kept from eviction until it is closed."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataferry.sources import SourceError
 
-__all__ = ["ChecksumError", "CacheFolderError", "CacheFullWarning", "FillTimeout"]
+__all__ = ["ChecksumError", "CacheFolderError", "CacheFullWarning", "CacheIndexWarning", "FillTimeout"]
 
 
 class ChecksumError(SourceError):
@@ -25,6 +25,11 @@ class CacheFolderError(OSError):
 
 class CacheFullWarning(UserWarning):
     """An object could not fit in the cache's budget and was read straight from the source."""
+
+
+class CacheIndexWarning(UserWarning):
+    """The cache's index was damaged (not a database any more) and was set aside for a new, empty one:
+    what it held is downloaded again when read."""
 
 
 class FillTimeout(TimeoutError):

@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import os
 import queue
+import random
 import sqlite3
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from pathlib import Path
@@ -25,12 +27,13 @@ from dataferry.cache.fill import disk_full
 if TYPE_CHECKING:
     from dataferry.cache.core import Cache
 
-__all__ = ["SCHEMA_VERSION", "connect", "create", "release", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
+__all__ = ["SCHEMA_VERSION", "connect", "create", "damaged", "recount", "release", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
 
 SCHEMA_VERSION = 1
 FLUSH_EVERY = 256
 FLUSH_S = 2.0
 IDLE_CHECK_S = 5.0
+OPEN_TIMEOUT_S = 60.0
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
 CREATE TABLE IF NOT EXISTS entries (
@@ -60,12 +63,43 @@ END;
 
 
 def connect(root: Path) -> sqlite3.Connection:
-    """A connection to the folder's index, in WAL mode."""
-    db = sqlite3.connect(root / "index.sqlite", timeout=60, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA recursive_triggers=ON")  # so REPLACE's delete keeps the totals right
-    return db
+    """A connection to the folder's index, in WAL mode. Processes that open a new index at once race
+    to switch it to WAL, and SQLite answers the losers 'database is locked' at once, without its busy
+    wait: they try again, with backoff, for up to ``OPEN_TIMEOUT_S``."""
+    deadline, pause = time.monotonic() + OPEN_TIMEOUT_S, 0.005
+    while True:
+        db = sqlite3.connect(root / "index.sqlite", timeout=60, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA recursive_triggers=ON")  # so REPLACE's delete keeps the totals right
+            return db
+        except sqlite3.OperationalError as e:
+            db.close()
+            if not _busy(e) or time.monotonic() > deadline:
+                raise
+        except BaseException:
+            db.close()
+            raise
+        time.sleep(pause * (0.5 + random.random()))
+        pause = min(2 * pause, 0.5)
+
+
+def _busy(e: sqlite3.OperationalError) -> bool:
+    return "locked" in str(e) or "busy" in str(e)
+
+
+def damaged(e: sqlite3.DatabaseError) -> bool:
+    """Whether ``e`` says the index file is not a sound database (garbage, truncated, corrupt)."""
+    text = str(e)
+    return any(why in text for why in ("not a database", "malformed", "disk I/O error", "database corrupt"))
+
+
+def recount(db: sqlite3.Connection) -> None:
+    """Inside a write transaction: set the running totals from the rows (any drift goes)."""
+    db.execute("""UPDATE usage SET
+        entries = (SELECT count(*) FROM entries), bytes = (SELECT coalesce(sum(size), 0) FROM entries),
+        filling_bytes = (SELECT coalesce(sum(size), 0) FROM entries WHERE state = 'filling')""")
 
 
 def create(db: sqlite3.Connection) -> None:

@@ -9,13 +9,17 @@ whose process died is finished (a right-sized file was verified before its renam
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sqlite3
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dataferry.cache.checksum import file_crc
-from dataferry.cache.index import release
+from dataferry.cache.errors import CacheIndexWarning
+from dataferry.cache.index import connect, create, damaged, recount, release
 from dataferry.host import pid_alive
 
 __all__ = ["Recovery", "VerifyReport"]
@@ -35,6 +39,22 @@ class VerifyReport:
 
     def __repr__(self) -> str:
         return f"VerifyReport(checked={self.checked}, bad={len(self.bad)}, orphans_removed={self.orphans_removed})"
+
+
+def _still_damaged(root: Path) -> bool:
+    """Whether the index in ``root`` still fails to open (another process may have set it aside first)."""
+    try:
+        db = connect(root)
+    except sqlite3.DatabaseError as e:
+        return damaged(e)
+    try:
+        create(db)
+        db.execute("SELECT count(*) FROM entries").fetchone()
+        return False
+    except sqlite3.DatabaseError as e:
+        return damaged(e)
+    finally:
+        db.close()
 
 
 class Recovery:
@@ -61,6 +81,32 @@ class Recovery:
                     db.executemany("DELETE FROM entries WHERE key = ? AND state = 'ready'", [(k,) for k in missing])
             for name in files - rows.keys():
                 self._remove_orphan(sub, name)
+        with self._write() as db:
+            recount(db)
+
+    def _set_index_aside(self, error: sqlite3.DatabaseError) -> None:
+        """The index file is not a sound database: move it (and its WAL) aside for a post-mortem and warn
+        in one line; the next open starts a new, empty one. The objects it named are then orphans, removed
+        by recovery and downloaded again when read. One process does it, under a lock, after checking
+        again that nobody did it first."""
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+        index = self.root / "index.sqlite"
+        fd = os.open(self.root / "locks" / "index.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not _still_damaged(self.root):
+                return
+            aside = index.with_name(f"index.sqlite.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            for extra in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(f"{index}{extra}", f"{aside}{extra}")
+        finally:
+            os.close(fd)
+        warnings.warn(f"the cache's index {index} was damaged ({error}); set aside as {aside.name}, and a new one "
+                      "started: cached objects are downloaded again when read", CacheIndexWarning, stacklevel=3)
 
     def _finish_dead_fills(self) -> None:
         doomed: list[tuple[str, int]] = []

@@ -769,3 +769,21 @@ def test_the_prefetcher_keeps_only_what_is_in_flight(tmp_path):
             pf.advance(position)
         pf.wait()
         assert len(pf._futures) <= 16 + 4, f"{len(pf._futures)} futures kept for an epoch of {len(entries)}"
+
+
+def test_a_same_size_rewrite_with_its_mtime_restored_is_a_new_version(tmp_path):
+    """Size, mtime and inode can all be put back by a user (rsync -t, a restore, os.utime); the change
+    time cannot: it is part of a file's version, so the rewrite is never served stale."""
+    root = tmp_path / "src"
+    root.mkdir()
+    path = root / "a.bin"
+    path.write_bytes(b"old" * 1000)
+    source, cache = LocalSource(root), Cache(tmp_path / "c", min_free_bytes=0)
+    assert cache.read(source, "a.bin") == b"old" * 1000
+    st = path.stat()
+    time.sleep(0.01)
+    with open(path, "r+b") as f:  # in place: same inode
+        f.write(b"new" * 1000)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns, path.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert cache.read(source, "a.bin") == b"new" * 1000

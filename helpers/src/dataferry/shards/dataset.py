@@ -9,6 +9,7 @@ when the budget needs room it goes first and shards kept from the last epoch sta
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from dataferry.cache import Cache
+from dataferry.cache import Cache, ChecksumError
 from dataferry.shards.make import INDEX, read_index
 from dataferry.shards.tar import ShardFormatError, samples
 from dataferry.sources import Entry, EntryTable, Source
@@ -66,9 +67,9 @@ class ShardDataset(IterableDataset):
         if not listed:
             raise FileNotFoundError(f"no .tar shards in {getattr(source, 'uri', source)}: check the path, or make "
                                     "them with `dataferry shards make`")
+        listed, self.counts = _from_index(source, listed)
         self.shards = EntryTable(listed)
         self._biggest = max(e.size for e in listed)
-        self.counts = _counts(source, listed)
         self.epoch = 0
         self._resume: dict | None = None
 
@@ -142,14 +143,17 @@ class ShardDataset(IterableDataset):
                 f"{self.source!r} via {self.cache.root}, rank {self.rank}/{self.world_size}, epoch {self.epoch}>")
 
 
-def _counts(source: Source, listed: Sequence[Entry]) -> list[int] | None:
-    """Samples per shard from the index beside them, if it has every shard in its listed size."""
+def _from_index(source: Source, listed: list[Entry]) -> tuple[list[Entry], list[int] | None]:
+    """The listed shards with the CRC32C their index recorded when they were made (so a shard changed
+    since fails its check when filled and when read, whatever the source says of it now), and the
+    samples per shard if the index has every shard in its listed size."""
     index = read_index(source)
     if index is None:
-        return None
-    known = {s["name"]: (s["bytes"], s["samples"]) for s in index["shards"]}
-    counts = [known.get(e.name, (None, 0)) for e in listed]
-    return [n for _, n in counts] if all(size == e.size for (size, _), e in zip(counts, listed)) else None
+        return listed, None
+    known = {s["name"]: s for s in index["shards"]}
+    same = [known[e.name] if e.name in known and known[e.name]["bytes"] == e.size else None for e in listed]
+    checked = [dataclasses.replace(e, crc32c=s["crc32c"]) if s and s.get("crc32c") else e for e, s in zip(listed, same)]
+    return checked, [s["samples"] for s in same] if all(same) else None  # type: ignore[index]
 
 
 class _WorkerEpoch:
@@ -217,7 +221,12 @@ class _WorkerEpoch:
         # passed would download the shard a second time once evicted.
         wait(self.fills.pop(position, []))
         entry = self.mine[position]
-        data = self.ds.cache.read_verified(self.ds.source, entry)
+        try:
+            data = self.ds.cache.read_verified(self.ds.source, entry)
+        except ChecksumError as e:
+            raise ChecksumError(f"shard {entry.name} does not match the CRC32C {entry.crc32c} recorded for it "
+                                f"(in its {INDEX} when indexed), after {self.ds.cache.max_refetches + 1} downloads: "
+                                f"it was damaged or changed at the source since; remake the shards ({e})") from None
         self.ds.cache.demote(self.ds.source, [entry])
         self.loaded[position] = list(samples(data, entry.name))
         if self.ds.counts is not None and len(self.loaded[position]) != self.ds.counts[self.plan[position]]:

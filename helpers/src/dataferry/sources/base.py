@@ -36,7 +36,7 @@ class ChangedAtSource(SourceError):
 @dataclass(frozen=True)
 class Entry:
     """One object: ``name`` relative to the source root, ``size`` in bytes, ``version`` (GCS
-    generation, or size-mtime_ns-inode for files) and ``crc32c`` (base64, as GCS gives it) when known."""
+    generation, or size-mtime_ns-inode-ctime_ns for files: the change time is the one part a user cannot set back) and ``crc32c`` (base64, as GCS gives it) when known."""
 
     name: str
     size: int

@@ -30,7 +30,7 @@ class LocalSource:
 
     @staticmethod
     def _entry(name: str, st: os.stat_result) -> Entry:
-        return Entry(name, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}")
+        return Entry(name, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}-{st.st_ctime_ns}")
 
     def list(self) -> Iterator[Entry]:
         if not self.root.is_dir():

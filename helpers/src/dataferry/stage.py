@@ -11,13 +11,13 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 from dataferry.cache import Cache
 from dataferry.progress import progress_bar
-from dataferry.sources import Entry, Source, fetches_async
+from dataferry.sources import Entry, NotFoundAtSource, Source, fetches_async
 
 __all__ = ["stage", "StageReport", "Prefetcher", "DEFAULT_WORKERS", "BUCKET_IN_FLIGHT", "width_for", "shard_of"]
 
@@ -48,6 +48,8 @@ class StageReport:
     failures: list[tuple[str, str]] = field(default_factory=list)
     rank: int = 0
     world_size: int = 1
+    kept: int = 0  # of the objects staged (downloaded or already cached), how many are in the cache at the end
+    evicted: int = 0  # how many of them were evicted to make room for later ones before the stage ended
 
     @property
     def MBps(self) -> float:
@@ -58,6 +60,9 @@ class StageReport:
         text = (f"staged {self.files} files{share}: {self.fetched} downloaded ({self.bytes_fetched / 1e6:.1f} MB), "
                 f"{self.already_cached} already cached, in {self.seconds:.1f} s = {self.MBps:.1f} MB/s, "
                 f"{len(self.failures)} failures")
+        if self.evicted:
+            text += (f"\n  only {self.kept} of {self.kept + self.evicted} are in the cache: {self.evicted} were evicted "
+                     "to make room for later ones (the budget or the disk is too small for all of them)")
         for name, err in self.failures[:5]:
             text += f"\n  failed: {name}: {err}"
         if len(self.failures) > 5:
@@ -84,11 +89,12 @@ def stage(
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    items = source.list() if names is None else names
+    items = _listed(source) if names is None else names
     if world_size > 1:
         items = (item for item in items
                  if shard_of(item.name if isinstance(item, Entry) else item, world_size) == rank)
     report = StageReport(rank=rank, world_size=world_size)
+    staged: list[Entry] = []
     t0 = time.perf_counter()
     with progress_bar(progress, desc=f"staging {source.uri}", unit="file", dynamic_ncols=True) as bar:
         for filled in cache.fill_many(source, items, width=workers or width_for(source)):
@@ -96,6 +102,8 @@ def stage(
                 report.failures.append((filled.name, f"{filled.error.__class__.__name__}: {filled.error}"))
             else:
                 report.bytes_total += filled.size
+                if filled.fetched >= 0 and filled.entry is not None:
+                    staged.append(filled.entry)
                 if filled.fetched > 0:
                     report.fetched += 1
                     report.bytes_fetched += filled.fetched
@@ -109,9 +117,21 @@ def stage(
             rate = report.bytes_fetched / elapsed / 1e6
             bar.set_postfix_str(f"{report.bytes_fetched / 1e6:.0f} MB, {rate:.1f} MB/s", refresh=False)
     report.seconds = time.perf_counter() - t0
+    report.kept = sum(cache.contains(source, entry) for entry in staged)
+    report.evicted = len(staged) - report.kept
     if progress:
         print(report)
     return report
+
+
+def _listed(source: Source) -> Iterator[Entry]:
+    """``source.list()``, and :class:`NotFoundAtSource` if it lists nothing: a wrong path or prefix."""
+    empty = True
+    for entry in source.list():
+        empty = False
+        yield entry
+    if empty:
+        raise NotFoundAtSource(f"nothing to stage: {source.uri} lists no objects; check the path or prefix")
 
 
 class Prefetcher:

@@ -62,6 +62,7 @@ class Filled:
     fetched: int = 0
     refusal: str = ""
     error: BaseException | None = None
+    entry: Entry | None = None  # the version filled (None when it could not be looked up)
 
 
 class _WriteAt:
@@ -208,12 +209,12 @@ class BulkFilling:
         return [(item.name, out) for item, out in zip(items, outcomes) if isinstance(out, BaseException)]
 
     @staticmethod
-    def _filled(item: Entry | str, outcome: tuple[int, str, int] | None, error: BaseException | None) -> Filled:
+    def _filled(item: Entry | str, outcome: tuple[int, str, Entry] | None, error: BaseException | None) -> Filled:
         name = item.name if isinstance(item, Entry) else item
         if error is not None or outcome is None:
             return Filled(name, item.size if isinstance(item, Entry) else 0, error=error)
-        fetched, refusal, size = outcome
-        return Filled(name, size, fetched, refusal)
+        fetched, refusal, entry = outcome
+        return Filled(name, entry.size, fetched, refusal, entry=entry)
 
     def _filled_future(self, item: Entry | str, fut: Future) -> Filled:
         try:
@@ -221,15 +222,15 @@ class BulkFilling:
         except BaseException as e:  # noqa: BLE001 - reported per item; none stops the rest
             return self._filled(item, None, e)
 
-    def _fill_one(self, source: Source, item: Entry | str) -> tuple[int, str, int]:
+    def _fill_one(self, source: Source, item: Entry | str) -> tuple[int, str, Entry]:
         entry = self._entry(source, item)
         fetched = self.fill(source, entry)
-        return fetched, self.last_refusal if fetched < 0 else "", entry.size
+        return fetched, self.last_refusal if fetched < 0 else "", entry
 
     # -- one fill, as a coroutine ----------------------------------------------------------------
 
-    async def _fill_async(self, source: Source, item: Entry | str, ahead: bool = False) -> tuple[int, str, int]:
-        """:meth:`fill` on the download loop: (bytes fetched, why there was no room, size). A fill ``ahead``
+    async def _fill_async(self, source: Source, item: Entry | str, ahead: bool = False) -> tuple[int, str, Entry]:
+        """:meth:`fill` on the download loop: (bytes fetched, why there was no room, the entry). A fill ``ahead``
         of a reader that waited for someone else's fill of the same object and then finds it gone does
         nothing: that fill was for its own read, which happened, and the object was evicted since."""
         entry = item if isinstance(item, Entry) else await asyncio.get_running_loop().run_in_executor(
@@ -237,16 +238,16 @@ class BulkFilling:
         key = self.key(source, entry)
         path = self._object_path(key)
         if os.path.exists(path):
-            return 0, "", entry.size
+            return 0, "", entry
         t0 = time.perf_counter()
         async with self._fill_lock_async(key) as waited:
             self._count(wait_s=time.perf_counter() - t0)
             if os.path.exists(path) or (ahead and waited):
-                return 0, "", entry.size
+                return 0, "", entry
             self._count(misses=1)
             refusal = await self._reserve_async(source, entry, key)
             if refusal is not None:
-                return -1, refusal.why, entry.size
+                return -1, refusal.why, entry
             tmp = f"{self._tmp}/{key}.{self._pid}.part"
             t0 = time.perf_counter()
             held = _Held() if entry.size <= HELD_MAX else None
@@ -269,12 +270,12 @@ class BulkFilling:
             except OSError as e:
                 return self._failed(e, entry)
         self._count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
-        return entry.size, "", entry.size
+        return entry.size, "", entry
 
-    def _failed(self, e: BaseException, entry: Entry) -> tuple[int, str, int]:
+    def _failed(self, e: BaseException, entry: Entry) -> tuple[int, str, Entry]:
         """A fill that failed: a refusal if the cache's disk filled up, else ``e`` raised."""
         if disk_full(e):
-            return -1, f"the cache's disk filled up during the download ({self._free()})", entry.size
+            return -1, f"the cache's disk filled up during the download ({self._free()})", entry
         raise e
 
     @contextlib.asynccontextmanager

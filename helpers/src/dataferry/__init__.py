@@ -21,7 +21,7 @@ Stage first when the data fits on local disk and you want epoch 1 to run at full
 on first read when you want to start training at once, or the data only partly fits (the LRU
 budget keeps the most recently used part).
 
-Modules, lowest floor first: ``host`` (is a process alive, is this Colab), ``progress`` (progress bars), ``aio`` (the
+Modules, lowest floor first: ``errors`` (the one error root, ``DataferryError``), ``host`` (is a process alive, is this Colab), ``progress`` (progress bars), ``aio`` (the
 process's download loop), ``gcs_media`` (GCS media downloads over aiohttp), ``sources`` (where
 bytes live), ``mounts`` (gcsfuse, Drive and the Colab helpers), ``runtime`` (what we run on,
 which region), ``cache`` (the local cache: a package, ``Cache`` its face), ``stage`` (parallel
@@ -47,7 +47,8 @@ _EXPORTS = {
     "Cache": "dataferry.cache", "CacheStats": "dataferry.cache", "ChecksumError": "dataferry.cache",
     "Prefetcher": "dataferry.stage", "StageReport": "dataferry.stage",
     "CachedDataset": "dataferry.dataset", "ShardDataset": "dataferry.shards", "make_shards": "dataferry.shards",
-    "Checkpoints": "dataferry.checkpoints",
+    "Checkpoints": "dataferry.checkpoints", "CheckpointError": "dataferry.checkpoints",
+    "DataferryError": "dataferry.errors", "BadArgument": "dataferry.errors",
 }
 __all__ = ["__version__", "stage", *_EXPORTS]
 

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from dataferry.errors import interrupted_at_exit
+
 __all__ = ["loop", "submit", "run", "at_close"]
 
 T = TypeVar("T")
@@ -70,6 +72,8 @@ def _close() -> None:
 
     try:
         asyncio.run_coroutine_threadsafe(close_all(), _loop).result(timeout=5)
+    except KeyboardInterrupt:
+        interrupted_at_exit("closing its connections")
     except Exception:  # noqa: BLE001, S110 - never hang or fail an exiting process
         pass
 

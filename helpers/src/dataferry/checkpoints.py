@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dataferry.cache.checksum import file_crc
+from dataferry.errors import DataferryError
 
 __all__ = ["Checkpoints", "Saved", "CheckpointError", "CheckpointWarning"]
 
@@ -36,7 +37,7 @@ RECORD = ".json"  # beside each checkpoint, written last: its step, size, CRC32C
 TEMP = ".dataferry-checkpoint-"  # local copies being written or fetched, in the work folder
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(DataferryError, RuntimeError):
     """A checkpoint could not be written, verified or found; the message says which and what to do."""
 
 

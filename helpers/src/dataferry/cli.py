@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import logging
 import sys
@@ -132,7 +133,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from dataferry.sources import from_uri
     from dataferry.stage import stage
 
-    cache = Cache(args.cache, max_bytes=args.max_bytes)
+    cache = Cache(args.cache, max_bytes=args.max_bytes, min_free_bytes=args.min_free_bytes)
     report = stage(from_uri(args.source), cache, workers=args.workers, rank=args.rank, world_size=args.world_size)
     return 1 if report.failures else 0
 
@@ -193,9 +194,16 @@ def cmd_bench_shards(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from dataferry.bench import LAB_METHODS, bench_source
+    from dataferry.bench import KNOWN_METHODS, LAB_METHODS, bench_source, check_methods
+    from dataferry.errors import BadArgument
+    from dataferry.utilisation import AU_METHODS
 
     methods = args.methods.split(",") if args.methods else None
+    check_methods(methods or (), AU_METHODS if args.au else KNOWN_METHODS)
+    for folder in (args.out, args.json and os.path.dirname(args.json)):
+        if folder and os.path.exists(folder) and not os.path.isdir(folder):
+            raise BadArgument(f"{folder} is a file; --out names a folder (for results.csv, run_meta.json and figures) "
+                              "and --json a file in one: choose another path")
     if args.au:
         if bool(args.lab) == bool(args.source):
             raise ValueError("give either a SOURCE or --lab")
@@ -241,6 +249,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES
     from dataferry.feed import PROFILES as COMPUTE_PROFILES
     from dataferry.lab.profiles import PROFILES
 
@@ -291,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--cache", required=True, help="cache folder")
     st.add_argument("--workers", type=int, default=None, help="fills at once (default: 256 from a bucket, 32 threads on a folder)")
     st.add_argument("--max-bytes", type=float, help="cache budget in bytes")
+    st.add_argument("--min-free-bytes", type=float, default=DEFAULT_MIN_FREE_BYTES,
+                    help=f"bytes the cache keeps free on its disk (default {DEFAULT_MIN_FREE_BYTES:,})")
     st.add_argument("--rank", type=int, default=0)
     st.add_argument("--world-size", type=int, default=1)
     st.set_defaults(func=cmd_stage)
@@ -366,19 +377,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
-    from dataferry.cache import CacheFolderError
-    from dataferry.lab.errors import LabError
-    from dataferry.mounts import MountError
-    from dataferry.sources import SourceError
+    from dataferry.errors import DataferryError
 
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
             return args.func(args)
-    except (LabError, MountError, SourceError, CacheFolderError, ValueError) as e:
+    except (DataferryError, ValueError) as e:
         print(f"dataferry: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("dataferry: interrupted", file=sys.stderr)
         return 130
 
 

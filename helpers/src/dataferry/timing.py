@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataferry.errors import BadArgument
+
 __all__ = ["evict", "resident_fraction", "residency_state", "EvictionReport", "drop_caches", "timed_read", "Spans",
            "Results", "time_h2d",
            "load_results", "size_text", "COLUMNS", "CACHE_STATES", "SCHEMA_VERSION"]
@@ -192,7 +194,11 @@ class Results:
     def __init__(self, folder: str | os.PathLike[str], meta: dict[str, Any] | None = None,
                  run_id: str | None = None) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise BadArgument(f"{self.folder}: a file is in the way; results go to a folder (results.csv, "
+                              "run_meta.json): choose another") from None
         self.run_id = run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{uuid.uuid4().hex[:6]}"
         self.csv_path = self.folder / "results.csv"
         self.meta_path = self.folder / "run_meta.json"
@@ -256,9 +262,14 @@ def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
         paths = [paths]
     files: list[Path] = []
     for p in map(Path, paths):
-        files += sorted(p.rglob("results.csv")) if p.is_dir() else [p]
+        if p.is_dir():
+            files += sorted(p.rglob("results.csv"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise BadArgument(f"{p}: no such file or folder; give results.csv files, or folders holding them")
     if not files:
-        raise FileNotFoundError(f"no results.csv under {', '.join(map(str, paths))}")
+        raise BadArgument(f"no results.csv under {', '.join(map(str, paths))}: give the --out folder of a bench run")
     frames = []
     for f in files:
         meta = f.with_name("run_meta.json")
@@ -266,8 +277,14 @@ def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
             version = json.loads(meta.read_text()).get("schema_version")
             if version not in _READABLE_VERSIONS:
                 raise ValueError(f"{f}: schema version {version}, this dataferry reads {_READABLE_VERSIONS}")
-        frames.append(pd.read_csv(f, keep_default_na=False, dtype={"error": str, "file": str, "bucket_location": str,
-                                                                   "bound_by": str, "compute_profile": str}))
+        try:
+            frame = pd.read_csv(f, keep_default_na=False, dtype={"error": str, "file": str, "bucket_location": str,
+                                                                 "bound_by": str, "compute_profile": str})
+        except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError):
+            frame = None
+        if frame is None or not {"run_id", "method", "phase"} <= set(frame.columns):
+            raise BadArgument(f"{f} is not a dataferry results.csv (the file `dataferry bench` writes): check the path")
+        frames.append(frame)
     rows = pd.concat(frames, ignore_index=True).reindex(columns=COLUMNS)  # older schemas lack some columns
     for col in ("bucket_location", "bound_by", "compute_profile"):
         rows[col] = rows[col].astype(object).fillna("")  # absent in older schemas: NaN floats

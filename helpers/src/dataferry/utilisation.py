@@ -195,8 +195,10 @@ def run_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], targe
     """The AU comparison once its files are chosen: each of ``regions`` (the context that makes it so,
     and its :class:`~dataferry.runtime.Region`) x each compute profile x each method, ``repeats`` times;
     prints the table and writes the rows under ``out`` and a JSON summary. ``where`` names the data."""
+    from dataferry.bench import check_methods
     from dataferry.runtime import capture
 
+    check_methods(methods, AU_METHODS)
     computes = [PROFILES[c] if isinstance(c, str) else c
                 for c in ([compute] if isinstance(compute, (str, ComputeProfile)) else compute)]
     out, methods = Path(out), list(methods)

@@ -10,9 +10,9 @@ this package never imports the lab.
 - :mod:`~dataferry.bench.report`: :func:`summary`, :func:`summary_table`.
 """
 
-from dataferry.bench.methods import LAB_METHODS, PARALLEL_WORKERS, Target, compare_methods
+from dataferry.bench.methods import KNOWN_METHODS, LAB_METHODS, PARALLEL_WORKERS, Target, check_methods, compare_methods
 from dataferry.bench.report import summary, summary_table
 from dataferry.bench.source import bench_source, measure, source_target
 
-__all__ = ["compare_methods", "measure", "source_target", "bench_source", "Target", "LAB_METHODS",
+__all__ = ["compare_methods", "check_methods", "KNOWN_METHODS", "measure", "source_target", "bench_source", "Target", "LAB_METHODS",
            "PARALLEL_WORKERS", "summary", "summary_table"]

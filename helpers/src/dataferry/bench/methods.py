@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from dataferry.cache import Cache
+from dataferry.errors import BadArgument
 from dataferry.stage import stage, width_for
 from dataferry.timing import Results, evict, timed_read
 
-__all__ = ["Target", "compare_methods", "LAB_METHODS", "PARALLEL_WORKERS"]
+__all__ = ["Target", "compare_methods", "check_methods", "LAB_METHODS", "KNOWN_METHODS", "PARALLEL_WORKERS"]
 
 LAB_METHODS = ("local", "gcsfuse", "gcsfuse-serial", "gcsfuse-cache", "api-serial", "api-parallel", "dataferry")
 #: How many files at once a parallel method reads (and api-parallel downloads): a DataLoader with workers
@@ -31,6 +32,14 @@ LAB_METHODS = ("local", "gcsfuse", "gcsfuse-serial", "gcsfuse-cache", "api-seria
 PARALLEL_WORKERS = 16
 FOLDER_METHODS = ("local", "folder", "gcsfuse", "gcsfuse-cache")
 SERIAL = "-serial"
+KNOWN_METHODS = (*LAB_METHODS, "folder", *(m + SERIAL for m in FOLDER_METHODS if m + SERIAL not in LAB_METHODS))
+
+
+def check_methods(methods: Sequence[str], known: Sequence[str]) -> None:
+    """:class:`BadArgument` naming every method of ``methods`` not in ``known``, before anything is measured."""
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise BadArgument(f"unknown method {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
 
 
 @dataclass
@@ -131,10 +140,7 @@ def _run_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], pass_
     phase on pass 1; page-cache eviction before a repeat), then everything the method needs to
     get every byte, then the epoch row (sum of bytes / wall time of the whole pass)."""
     run = _folder_pass if method.removesuffix(SERIAL) in FOLDER_METHODS else {
-        "api-serial": _api_pass, "api-parallel": _api_pass, "dataferry": _dataferry_pass}.get(method)
-    if run is None:
-        raise ValueError(f"unknown method {method!r}; known: {', '.join(LAB_METHODS)}, folder, and "
-                         f"{', '.join(m + SERIAL for m in FOLDER_METHODS)}")
+        "api-serial": _api_pass, "api-parallel": _api_pass, "dataferry": _dataferry_pass}[method]
     t = p.target
     common = {"method": method, "pass": pass_no, **common}
     epoch_ns, concurrency, state = run(p, method, st, order, pass_no == 1, common)
@@ -248,8 +254,9 @@ def compare_methods(target: Target, results: Results, methods: Sequence[str], *,
     ``seed``; each repetition starts each method afresh (a new mount, empty cache and folders),
     so pass 1 is a true first read. Every row goes to ``results`` as it is measured; a method
     that fails becomes an error row and the others go on."""
+    check_methods(methods, KNOWN_METHODS)
     if passes < 1 or repeats < 1:
-        raise ValueError("passes and repeats must be >= 1")
+        raise BadArgument("passes and repeats must be >= 1")
     if work is None:
         with tempfile.TemporaryDirectory(prefix="dataferry-compare-") as tmp:
             return compare_methods(target, results, methods, region=region, runtime_kind=runtime_kind,

@@ -18,6 +18,7 @@ from typing import Any
 from dataferry.cache.fill import disk_full
 from dataferry.cache.index import release
 from dataferry.cache.layout import printable
+from dataferry.errors import byte_count
 from dataferry.sources import Entry, Source
 
 __all__ = ["Budget", "Refusal", "DEFAULT_MIN_FREE_BYTES", "ROOM_WAIT_S"]
@@ -116,10 +117,11 @@ class Budget:
                         held += 1
             if short():
                 if over_budget() > 0:
-                    why = f"max_bytes={self.max_bytes} would be exceeded ({used} B cached or being filled)"
+                    why = (f"max_bytes={self.max_bytes} (the CLI's --max-bytes) would be exceeded ({used} B cached "
+                           "or being filled)")
                 else:
-                    why = (f"min_free_bytes={self.min_free_bytes} would be crossed on the cache's disk "
-                           f"({max(free, 0)} B free there, after {filling} B of fills in flight)")
+                    why = (f"min_free_bytes={self.min_free_bytes} (the CLI's --min-free-bytes) would be crossed on the "
+                           f"cache's disk ({max(free, 0)} B free there, after {filling} B of fills in flight)")
                 answers.append((fut, Refusal(why, transient=bool(held or filling))))
                 continue
             used, free = used + size, free - size
@@ -199,8 +201,8 @@ class Budget:
     def prune(self, max_bytes: int | None = None) -> int:
         """Evict least-recently-used entries (not those being read) until the cache holds at most
         ``max_bytes`` (default: its budget). Returns how many were evicted."""
+        limit = self.max_bytes if max_bytes is None else byte_count("max_bytes", max_bytes)
         self._flush()
-        limit = self.max_bytes if max_bytes is None else max_bytes
         if limit is None:
             return 0
         evicted = 0

@@ -7,7 +7,9 @@ import atexit
 import contextlib
 import fcntl
 import io
+import math
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -30,6 +32,7 @@ from dataferry.cache.layout import key as entry_key
 from dataferry.cache.locks import FillLocks, renew_after_fork
 from dataferry.cache.placing import Placing
 from dataferry.cache.recovery import Recovery
+from dataferry.errors import BadArgument, byte_count, interrupted_at_exit
 from dataferry.sources import DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, Source, where
 
 __all__ = ["Cache", "CacheStats"]
@@ -60,8 +63,13 @@ class CacheStats:
 def _flush_at_exit(ref: weakref.ref) -> None:
     cache = ref()
     if cache is not None and cache._pid == os.getpid():
-        with contextlib.suppress(Exception):
+        try:
             cache._flush()
+        except KeyboardInterrupt:
+            interrupted_at_exit(f"writing the index of the cache {cache.root}: nothing is lost, the next open "
+                                "completes it")
+        except Exception:  # noqa: BLE001, S110 - never fail an exiting process
+            pass
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -96,11 +104,19 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S,
     ) -> None:
         self.root = Path(root).absolute()
-        self.max_bytes = int(max_bytes) if max_bytes is not None else None
-        self.min_free_bytes = int(min_free_bytes)
+        self.max_bytes = None if max_bytes is None else byte_count("max_bytes", max_bytes, unset="None: no cap")
+        self.min_free_bytes = byte_count("min_free_bytes", min_free_bytes, unset="0 keeps nothing free")
+        if type(max_refetches) is not int or max_refetches < 0:
+            raise BadArgument(f"max_refetches={max_refetches!r}: give a whole number >= 0")
+        if not (isinstance(retry_deadline_s, (int, float)) and 0 < retry_deadline_s < math.inf):
+            raise BadArgument(f"retry_deadline_s={retry_deadline_s!r}: give a number of seconds > 0")
         self.max_refetches = max_refetches
         self.retry_deadline_s = retry_deadline_s
         lay_out(self.root)
+        disk = shutil.disk_usage(self.root).total
+        if self.min_free_bytes >= disk:
+            raise BadArgument(f"min_free_bytes={self.min_free_bytes} is larger than the whole disk of {self.root} "
+                              f"({disk} B): no object could ever be cached; give less (0 keeps nothing free)")
         self._init_process_state()
         try:
             self._open_index()
@@ -119,7 +135,11 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
     @classmethod
     def existing(cls, root: str | os.PathLike[str], **options: Any) -> Cache:
         """An existing cache; :class:`CacheFolderError` rather than a new cache at a mistyped path."""
-        if not (Path(root) / "index.sqlite").is_file():
+        try:
+            is_cache = (Path(root) / "index.sqlite").is_file()
+        except OSError as e:
+            raise CacheFolderError.opening(Path(root).absolute(), e) from None
+        if not is_cache:
             raise CacheFolderError(2, f"{Path(root).absolute()} is not a dataferry cache (it has no index.sqlite): "
                                       "check the path")
         return cls(root, **options)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import errno
+
+from dataferry.errors import DataferryError
 from dataferry.sources import SourceError
 
 __all__ = ["ChecksumError", "CacheFolderError", "CacheFullWarning", "CacheIndexWarning", "FillTimeout"]
@@ -12,9 +15,21 @@ class ChecksumError(SourceError):
     """An object's bytes did not match its checksum, every time it was downloaded."""
 
 
-class CacheFolderError(OSError):
+class CacheFolderError(DataferryError, OSError):
     """The cache folder cannot be used (missing, read-only, not a cache, its disk failing): the
     message names the folder and what to do. Never retried as if the network had failed."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+    @classmethod
+    def opening(cls, root: object, e: OSError) -> CacheFolderError:
+        """The cache folder ``root`` could not be made or opened with ``e``: why, by its errno."""
+        why = {errno.ENOTDIR: "a part of its path is a file, not a folder: choose another path",
+               errno.ENAMETOOLONG: "a name in its path is too long (255 bytes at most): choose a shorter one",
+               errno.ENOENT: "a part of its path does not exist"}.get(e.errno or 0,
+                                                                      "choose a writable folder, e.g. /content/cache in Colab")
+        return cls(e.errno, f"cannot use the cache folder {root} ({e.strerror}): {why}")
 
     @classmethod
     def writing(cls, e: OSError) -> CacheFolderError:
@@ -32,5 +47,5 @@ class CacheIndexWarning(UserWarning):
     what it held is downloaded again when read."""
 
 
-class FillTimeout(TimeoutError):
+class FillTimeout(DataferryError, TimeoutError):
     """A fill ran past its deadline while bytes still trickled in (never retried)."""

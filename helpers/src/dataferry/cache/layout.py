@@ -52,5 +52,4 @@ def lay_out(root: Path) -> None:
         if not os.access(root, os.W_OK):
             raise PermissionError(13, "read-only")
     except OSError as e:
-        raise CacheFolderError(e.errno, f"cannot write to the cache folder {root} ({e.strerror}): "
-                                        "choose a writable folder, e.g. /content/cache in Colab") from None
+        raise CacheFolderError.opening(root, e) from None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataferry.errors import DataferryError
+
 __all__ = ["LabError", "ToolError", "LabNotRunning", "BucketNotFound"]
 
 
-class LabError(RuntimeError):
+class LabError(DataferryError, RuntimeError):
     """The lab could not do what was asked."""
 
 

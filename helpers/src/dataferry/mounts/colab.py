@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dataferry.errors import DataferryError
 from dataferry.host import in_colab
 from dataferry.mounts.fuse import LOG_TAIL_LINES, MountError, is_mounted
 
@@ -31,7 +32,7 @@ _BACKOFF_S = 1.0
 _CODENAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 
 
-class NotInColab(RuntimeError):
+class NotInColab(DataferryError, RuntimeError):
     """Raised by Colab-only helpers outside Colab; lessons catch it and fall back to the lab."""
 
 

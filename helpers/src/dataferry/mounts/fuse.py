@@ -15,12 +15,14 @@ import threading
 import time
 from pathlib import Path
 
+from dataferry.errors import DataferryError
+
 __all__ = ["MountError", "fuse_status", "is_mounted", "fuse_mounts_under", "log_tail", "unmount", "LOG_TAIL_LINES"]
 
 LOG_TAIL_LINES = 15
 
 
-class MountError(RuntimeError):
+class MountError(DataferryError, RuntimeError):
     """A mount or unmount failed; the message says why and what to do."""
 
 

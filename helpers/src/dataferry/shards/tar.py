@@ -14,12 +14,14 @@ import tarfile
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from dataferry.errors import DataferryError
+
 __all__ = ["ShardFormatError", "split_name", "samples", "TarShardWriter"]
 
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./][^./]*)\.([^/]+)$")
 
 
-class ShardFormatError(ValueError):
+class ShardFormatError(DataferryError, ValueError):
     """A shard that is not a tar in WebDataset's layout, or a file that cannot become a member."""
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import BinaryIO, Protocol, runtime_checkable
 
+from dataferry.errors import DataferryError
+
 __all__ = ["Entry", "EntryTable", "Source", "SourceError", "NotFoundAtSource", "NoCredentials", "ChangedAtSource",
            "fetches_async",
            "safe_name", "where", "CHUNK", "DEFAULT_RETRY_DEADLINE_S"]
@@ -17,7 +19,7 @@ CHUNK = 1 << 20
 DEFAULT_RETRY_DEADLINE_S = 120.0
 
 
-class SourceError(RuntimeError):
+class SourceError(DataferryError, RuntimeError):
     """A source could not list or read; the message names the object and what to do."""
 
 

@@ -1,0 +1,144 @@
+"""Bad arguments and paths, from the API and the CLI: each is a dataferry error (also the builtin its
+callers catch) that says what went wrong and what to do; the CLI prints it as one line and exits 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dataferry import Cache, DataferryError, LocalSource, stage
+
+EXE = str(Path(sys.executable).parent / "dataferry")
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-1000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dataferry: error:")]
+    assert len(errors) == 1, proc.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("option,value", [("max_bytes", float("inf")), ("max_bytes", float("nan")),
+                                          ("max_bytes", -5), ("min_free_bytes", -1), ("min_free_bytes", float("inf")),
+                                          ("max_bytes", "lots")])
+def test_a_budget_that_is_not_a_byte_count_is_refused(tmp_path, option, value):
+    with pytest.raises(DataferryError, match=rf"{option}=.*finite number >= 0") as e:
+        Cache(tmp_path / "c", **{option: value})
+    assert isinstance(e.value, ValueError)
+
+
+def test_a_min_free_bytes_larger_than_the_disk_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"min_free_bytes=.*larger than the whole disk"):
+        Cache(tmp_path / "c", min_free_bytes=1e18)
+
+
+def test_a_cache_folder_that_is_a_file_or_too_long_a_name_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for root, why in ((tmp_path / "file" / "cache", "not a folder"), (tmp_path / ("x" * 300), "too long")):
+        with pytest.raises(DataferryError, match=why) as e:
+            Cache(root)
+        assert isinstance(e.value, OSError)
+        _one_line_error(_cli("stage", str(tmp_path), "--cache", str(root)), why)
+        _one_line_error(_cli("cache", "inspect", str(root)))
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_cli_budgets_that_are_not_byte_counts(tmp_path, value):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"a")
+    _one_line_error(_cli("stage", str(tmp_path / "src"), "--cache", str(tmp_path / "c"), "--max-bytes", value),
+                    "max_bytes")
+    Cache(tmp_path / "c2")
+    _one_line_error(_cli("cache", "prune", str(tmp_path / "c2"), "--max-bytes", value), "max_bytes")
+
+
+def test_cli_stage_takes_min_free_bytes_and_the_refusal_names_it(tmp_path):
+    """On a disk with less free than the default 1 GiB, the option the refusal names is there to use."""
+    import shutil
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"a" * 1000)
+    more_than_free = str(shutil.disk_usage(tmp_path).free + 10**9)
+    refused = _cli("stage", str(tmp_path / "src"), "--cache", str(tmp_path / "c"), "--min-free-bytes", more_than_free)
+    assert refused.returncode == 1 and "--min-free-bytes" in refused.stdout, refused.stdout + refused.stderr
+    proc = _cli("stage", str(tmp_path / "src"), "--cache", str(tmp_path / "c"), "--min-free-bytes", "0")
+    assert proc.returncode == 0 and "1 downloaded" in proc.stdout, proc.stderr
+
+
+def test_cli_bench_and_report_refuse_bad_paths_and_methods(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.bin").write_bytes(b"a" * 1000)
+    (tmp_path / "afile").write_text("not a folder")
+    _one_line_error(_cli("bench", str(tmp_path / "src"), "--out", str(tmp_path / "afile")), "afile", "folder")
+    _one_line_error(_cli("bench", str(tmp_path / "src"), "--methods", "nonsense", "--out", str(tmp_path / "o")),
+                    "nonsense", "local")
+    _one_line_error(_cli("report", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "r")), "missing.csv")
+    (tmp_path / "notes.csv").write_text("this,is\nnot,results\n")
+    _one_line_error(_cli("report", str(tmp_path / "notes.csv"), "--out", str(tmp_path / "r")), "notes.csv",
+                    "results.csv")
+    (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00garbage")
+    _one_line_error(_cli("report", str(tmp_path / "binary.csv"), "--out", str(tmp_path / "r")), "binary.csv")
+
+
+def test_compare_methods_refuses_an_unknown_method_before_measuring(tmp_path):
+    from dataferry.bench import compare_methods
+
+    with pytest.raises(DataferryError, match="unknown method 'nonsense'"):
+        compare_methods(None, None, ["local", "nonsense"], region=None, runtime_kind="cpu")
+
+
+EXITING = textwrap.dedent("""
+    import atexit, os, signal, sys, threading, time
+    from dataferry import Cache, LocalSource
+    from dataferry.cache import index
+
+    cache = Cache(sys.argv[1], min_free_bytes=0)
+    cache.read(LocalSource(sys.argv[2]), "a")  # a use to write at exit
+    slow = index.IndexWriter._transaction
+    def slow_transaction(*a, **k):
+        time.sleep(1.5)
+        return slow(*a, **k)
+    index.IndexWriter._transaction = slow_transaction
+    # Registered last, so it runs first at exit: Ctrl-C lands while the cache writes its index.
+    atexit.register(lambda: threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start())
+""")
+
+
+def test_ctrl_c_while_exiting_is_one_line_and_a_failing_exit_status(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"a")
+    proc = subprocess.run([sys.executable, "-c", EXITING, str(tmp_path / "c"), str(tmp_path / "src")],
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert proc.returncode == 130 and "interrupted" in proc.stderr, (proc.returncode, proc.stderr)
+    Cache(tmp_path / "c", min_free_bytes=0).verify()
+
+
+def test_every_error_class_has_the_one_root():
+    import dataferry.cache.errors as cache_errors
+    import dataferry.checkpoints as checkpoints
+    import dataferry.lab.errors as lab_errors
+    import dataferry.mounts as mounts
+    import dataferry.shards as shards
+    import dataferry.sources as sources
+
+    classes = [cache_errors.ChecksumError, cache_errors.CacheFolderError, cache_errors.FillTimeout,
+               checkpoints.CheckpointError, lab_errors.LabError, mounts.MountError, mounts.NotInColab,
+               shards.ShardFormatError, sources.SourceError, sources.NotFoundAtSource, sources.NoCredentials]
+    assert [c.__name__ for c in classes if not issubclass(c, DataferryError)] == []
+
+
+def test_stage_api_on_an_empty_folder_says_nothing_matched(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataferryError, match="nothing to stage"):
+        stage(LocalSource(tmp_path / "empty"), Cache(tmp_path / "c"), progress=False)

@@ -37,11 +37,6 @@ def test_a_budget_that_is_not_a_byte_count_is_refused(tmp_path, option, value):
     assert isinstance(e.value, ValueError)
 
 
-def test_a_min_free_bytes_larger_than_the_disk_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"min_free_bytes=.*larger than the whole disk"):
-        Cache(tmp_path / "c", min_free_bytes=1e18)
-
-
 def test_a_cache_folder_that_is_a_file_or_too_long_a_name_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("x")
     for root, why in ((tmp_path / "file" / "cache", "not a folder"), (tmp_path / ("x" * 300), "too long")):

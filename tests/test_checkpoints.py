@@ -240,18 +240,34 @@ def test_a_record_that_is_not_one_of_ours_does_not_count(tmp_path, bad):
     _save(ckpt, 2)
     record = _record(tmp_path, 2)
     fields = json.loads(record.read_text())
-    (tmp_path / "outside.pt").write_bytes(b"not a checkpoint")
+    outside = tmp_path / "outside.pt"  # whole and matching its record: only the name check refuses it
+    outside.write_bytes(b"not a checkpoint")
+    import google_crc32c
+
+    outside_crc = base64.b64encode(google_crc32c.value(outside.read_bytes()).to_bytes(4, "big")).decode()
     if bad == "a directory":
         record.unlink()
         record.mkdir()
     elif bad == "not json":
         record.write_bytes(b"\xff\x00garbage")
     else:
-        fields.update({"escaping name": {"name": "../../outside.pt"}, "step a string": {"step": "2"},
+        fields.update({"escaping name": {"name": "../outside.pt", "bytes": 16, "crc32c": outside_crc},
+                       "step a string": {"step": "2"},
                        "bytes a float": {"bytes": 1.5}}[bad])
         record.write_text(json.dumps(fields))
     assert ckpt.latest().step == 1
     assert ckpt.fetch(tmp_path / "back").read_bytes() == _payload(1)
+
+
+def test_two_names_in_one_folder_never_mix(tmp_path):
+    """'ckpt' and 'ckpt-ema' share a prefix: neither lists, fetches or prunes the other's checkpoints."""
+    model = Checkpoints(tmp_path / "ckpts", keep=1, name="ckpt", work=tmp_path / "work")
+    ema = Checkpoints(tmp_path / "ckpts", keep=1, name="ckpt-ema", work=tmp_path / "work")
+    ema.save(1, lambda p: p.write_bytes(b"ema 1"))
+    model.save(1, lambda p: p.write_bytes(b"model 1"))
+    model.save(2, lambda p: p.write_bytes(b"model 2"))
+    assert model.names() == ["ckpt-000000002.pt"] and ema.names() == ["ckpt-ema-000000001.pt"]
+    assert ema.fetch(tmp_path / "back").read_bytes() == b"ema 1"
 
 
 def test_fetch_falls_back_to_the_newest_good_checkpoint(tmp_path):
@@ -330,6 +346,7 @@ def test_random_kills_during_saves_never_lose_an_acknowledged_checkpoint(tmp_pat
 
     dest, work = tmp_path / "ckpts", tmp_path / "work"
     rng = random.Random(20261124)
+    acknowledged = None
     for seed in range(20):
         proc = subprocess.Popen([sys.executable, "-c", SAVER, str(dest), str(work), str(seed)],
                                 stdout=subprocess.PIPE, text=True)

@@ -15,10 +15,10 @@ that save the latest. Nothing relies on renaming, which not every FUSE file syst
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -26,10 +26,11 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from dataferry.cache.checksum import file_crc
-from dataferry.errors import DataferryError
+from dataferry.errors import BadArgument, DataferryError
+from dataferry.host import pid_alive
 
 __all__ = ["Checkpoints", "Saved", "CheckpointError", "CheckpointWarning"]
 
@@ -82,34 +83,27 @@ def _parse_record(checkpoint: str, text: str | None) -> Saved | None:
 
 @contextlib.contextmanager
 def _local_copy(work: Path, suffix: str) -> Iterator[Path]:
-    """A new file in ``work`` for one save or fetch, locked while in use and removed afterwards. What a
-    killed process left there is removed by :func:`_remove_dead_copies` (its lock went with it)."""
-    fd, name = tempfile.mkstemp(prefix=TEMP, suffix=suffix, dir=work)
+    """A new file in ``work`` for one save or fetch, named with this process's id and removed afterwards.
+    What a killed process left there is removed by :func:`_remove_dead_copies`."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd, name = tempfile.mkstemp(prefix=f"{TEMP}{os.getpid()}-", suffix=suffix, dir=work)
+        os.close(fd)
+    except OSError as e:
+        raise CheckpointError(f"could not make a local copy in {work} ({e.strerror or e}): check the local disk "
+                              "(is it full? is the folder writable?); the previous checkpoint stays the latest") from None
+    try:
         yield Path(name)
     finally:
         Path(name).unlink(missing_ok=True)
-        os.close(fd)
 
 
 def _remove_dead_copies(work: Path) -> None:
-    """Remove local copies whose process is gone: their lock can be taken; a live save's cannot."""
+    """Remove the local copies of processes that are gone (their id is in the name); a live one's stay."""
     with contextlib.suppress(FileNotFoundError):
         for path in work.iterdir():
-            if not path.name.startswith(TEMP):
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            pid = path.name.removeprefix(TEMP).split("-", 1)[0]
+            if path.name.startswith(TEMP) and pid.isdigit() and not pid_alive(int(pid)):
                 path.unlink(missing_ok=True)
-            except OSError:
-                pass  # held: a save in progress
-            finally:
-                os.close(fd)
 
 
 class Checkpoints:
@@ -123,13 +117,14 @@ class Checkpoints:
     def __init__(self, dest: str | os.PathLike[str], keep: int = 3, *, client: Any = None,
                  name: str = "checkpoint", suffix: str = ".pt", work: str | os.PathLike[str] | None = None,
                  timeout_s: float = 120.0) -> None:
-        if keep < 1:
-            raise ValueError("keep must be at least 1: the latest checkpoint is always kept")
+        if type(keep) is not int or keep < 1:
+            raise BadArgument(f"keep={keep!r}: keep at least 1, the latest checkpoint is always kept")
         if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"name {name!r}: a checkpoint's name is a plain file name, e.g. 'checkpoint'")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
+            raise BadArgument(f"name={name!r}: a checkpoint's name is a plain file name, e.g. 'checkpoint'")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise BadArgument(f"timeout_s={timeout_s!r}: give a number of seconds > 0")
         self.dest, self.keep, self.name, self.suffix = str(dest), keep, name, suffix
+        self._ours = re.compile(rf"{re.escape(name)}-(\d{{9,}})(\.[1-9]\d*)?{re.escape(suffix)}({re.escape(RECORD)})?")
         self.work = Path(work) if work else Path(tempfile.gettempdir())
         self._bucket: Any = None
         self._prefix, self._folder = "", None
@@ -159,7 +154,7 @@ class Checkpoints:
         it is then copied under a new name, verified and recorded, and becomes the latest; saves older
         than the newest ``keep`` go. A step saved before is saved again beside it, never over it."""
         if type(step) is not int or step < 0:
-            raise ValueError(f"step must be a whole number >= 0, not {step!r}")
+            raise BadArgument(f"step={step!r}: give a whole number >= 0")
         t0 = time.perf_counter()
         listed = self._listing()
         recorded = self.saved(listed)
@@ -176,7 +171,11 @@ class Checkpoints:
             t1 = time.perf_counter()
         saved = Saved(name, step, size, crc, t1 - t0, t1 - c0, serial)
         self._put_text(name + RECORD, json.dumps(asdict(saved)))
-        self._prune([*recorded, saved], set(listed) | {name, name + RECORD})
+        try:
+            self._prune([*recorded, saved], set(listed) | {name, name + RECORD})
+        except CheckpointError as e:  # saved and recorded all the same: only the clean-up failed
+            warnings.warn(f"{name} is saved, but older checkpoints could not be removed: {e}", CheckpointWarning,
+                          stacklevel=2)
         return saved
 
     def _new_name(self, step: int, taken: set[str]) -> str:
@@ -202,7 +201,7 @@ class Checkpoints:
         names = self._listing() if listed is None else listed
         out = []
         for record in names:
-            if record.endswith(self.suffix + RECORD):
+            if record.endswith(RECORD) and self._ours.fullmatch(record):
                 saved = _parse_record(record.removesuffix(RECORD), self._get_text(record))
                 if saved is not None:
                     out.append(saved)
@@ -245,8 +244,8 @@ class Checkpoints:
                         shutil.copyfile(self._folder / saved.name, local)
                 else:
                     self._download(saved.name, local)
-            except FileNotFoundError:
-                return "is missing (deleted since it was saved)"
+            except (FileNotFoundError, IsADirectoryError):
+                return "is missing (deleted since it was saved, or not a file)"
             got = file_crc(local)
             if got != (saved.bytes, saved.crc32c):
                 return (f"does not match the CRC32C recorded when it was saved ({got[0]} bytes, CRC32C {got[1]}; "
@@ -258,13 +257,16 @@ class Checkpoints:
     # -- the destination ------------------------------------------------------------------------
 
     def _listing(self) -> list[str]:
+        """The names of this set's checkpoints and records at the destination (not another name's)."""
         head = f"{self.name}-"
         if self._folder is not None:
             with self._folder_errors("list"):
-                return sorted(p.name for p in self._folder.iterdir() if p.name.startswith(head))
-        with self._bucket_errors("list"):
-            return sorted(b.name[len(self._prefix):] for b in self._bucket.list_blobs(
-                prefix=self._prefix + head, retry=self._retry, timeout=self._timeout_s))
+                names = [p.name for p in self._folder.iterdir() if p.name.startswith(head)]
+        else:
+            with self._bucket_errors("list"):
+                names = [b.name[len(self._prefix):] for b in self._bucket.list_blobs(
+                    prefix=self._prefix + head, retry=self._retry, timeout=self._timeout_s)]
+        return sorted(n for n in names if self._ours.fullmatch(n))
 
     def _copy(self, local: Path, name: str, crc: str) -> None:
         if self._folder is not None:
@@ -332,20 +334,11 @@ class Checkpoints:
 
     def _prune(self, recorded: list[Saved], listed: set[str]) -> None:
         """Keep the newest ``keep`` saves; drop older ones (the record first, so no record outlives its
-        file) and copies a disconnect tore, except those of a step past every save (perhaps in progress)."""
+        file) and every copy a disconnect tore (one process saves to a destination at a time)."""
         keep = {s.name for s in sorted(recorded, key=lambda s: s.order)[-self.keep:]}
-        newest_step = max((s.step for s in recorded), default=-1)
-        doomed = []
         for name in sorted(listed, key=lambda n: not n.endswith(RECORD)):  # records first
-            checkpoint = name.removesuffix(RECORD)
-            if checkpoint in keep or not checkpoint.endswith(self.suffix):
-                continue
-            step = checkpoint.removeprefix(f"{self.name}-").removesuffix(self.suffix).split(".")[0]
-            if step.isdigit() and int(step) > newest_step:
-                continue
-            doomed.append(name)
-        for name in doomed:
-            self._delete(name)
+            if name.removesuffix(RECORD) not in keep:
+                self._delete(name)
 
     # -- errors ---------------------------------------------------------------------------------
 
@@ -378,30 +371,41 @@ class Checkpoints:
         """google-cloud-storage's errors as one :class:`CheckpointError` line; ``missing`` (an object's
         NotFound) passes through when the bucket itself exists."""
         from google.api_core.exceptions import Forbidden, GoogleAPIError, NotFound, RetryError
+        from google.auth.exceptions import GoogleAuthError, TransportError
         from requests.exceptions import RequestException
+
+        try:
+            from google.cloud.storage.exceptions import DataCorruption
+        except ImportError:  # google-cloud-storage < 3
+            from google.resumable_media import DataCorruption  # type: ignore[no-redef]
 
         where = f"gs://{self._bucket.name}"
         try:
             yield
         except NotFound:
-            if missing is not None and self._bucket_exists():
+            if missing is not None and self._bucket_may_exist():
                 raise
             raise CheckpointError(f"bucket {where} does not exist (or you may not use it): check the name; "
                                   "nothing was changed") from None
         except Forbidden as e:
             raise CheckpointError(f"you may not {doing} {where} ({e.message}): sign in with an account that may, "
                                   "or choose a bucket of your own") from None
-        except (RetryError, RequestException, ConnectionError, TimeoutError) as e:
+        except (RetryError, RequestException, ConnectionError, TimeoutError, TransportError) as e:
             raise CheckpointError(f"could not reach {where} to {doing} it within {self._timeout_s:g} s "
                                   f"({e.__class__.__name__}): check the network or the endpoint; the previous "
                                   "checkpoint stays the latest") from None
-        except GoogleAPIError as e:
-            raise CheckpointError(f"{doing} {where} failed ({e.__class__.__name__}: {e}); the previous "
+        except (GoogleAPIError, GoogleAuthError, DataCorruption) as e:
+            raise CheckpointError(f"could not {doing} {where} ({e.__class__.__name__}: {e}); the previous "
                                   "checkpoint stays the latest") from None
 
-    def _bucket_exists(self) -> bool:
-        with self._bucket_errors("read from"):
-            return bool(self._bucket.exists(retry=self._retry, timeout=self._timeout_s))
+    def _bucket_may_exist(self) -> bool:
+        """Whether the bucket exists, as far as we may know: True when asking is forbidden (an account
+        that may read objects need not see the bucket's metadata)."""
+        try:
+            with self._bucket_errors("read from"):
+                return bool(self._bucket.exists(retry=self._retry, timeout=self._timeout_s))
+        except CheckpointError:
+            return True
 
     def __repr__(self) -> str:
         return f"<Checkpoints {self.dest} keep={self.keep}>"

@@ -199,7 +199,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from dataferry.utilisation import AU_METHODS
 
     methods = args.methods.split(",") if args.methods else None
-    check_methods(methods or (), AU_METHODS if args.au else KNOWN_METHODS)
+    check_methods(methods or (), (*AU_METHODS, "folder") if args.au else KNOWN_METHODS)
     for folder in (args.out, args.json and os.path.dirname(args.json)):
         if folder and os.path.exists(folder) and not os.path.isdir(folder):
             raise BadArgument(f"{folder} is a file; --out names a folder (for results.csv, run_meta.json and figures) "

@@ -18,16 +18,17 @@ from typing import Any
 from torch.utils.data import Dataset, Sampler
 
 from dataferry.cache import Cache
-from dataferry.sources import ChangedAtSource, Entry, EntryTable, Source
+from dataferry.sources import ChangedAtSource, Entry, EntryTable, NotFoundAtSource, Source
 from dataferry.stage import Prefetcher
 
-__all__ = ["CachedDataset", "PrefetchingSampler", "SourceDataset"]
+__all__ = ["CachedDataset", "CachedImageFolder", "PrefetchingSampler", "SourceDataset", "IMG_EXTENSIONS", "pil_loader"]
 
 
 class CachedDataset(Dataset):
     """Sample ``i`` is ``decode(bytes of the i-th object)`` (bytes if ``decode`` is None), checked against
     the object's CRC32C on every read (the source's, or the one computed when it was filled; a copy
-    damaged on local disk since is read again, never returned): about 13 us per 64 KiB warm read.
+    damaged on local disk since is read again, never returned): about 13 us more than an unchecked
+    read of a 64 KiB object from a warm cache (30 us instead of 17 us here).
 
     ``names`` restricts the dataset to those objects, in that order. ``decode`` must be
     picklable (a module-level function) for DataLoader workers under spawn. A sample once read is
@@ -88,6 +89,77 @@ class CachedDataset(Dataset):
 
     def __repr__(self) -> str:
         return (f"<CachedDataset {len(self)} samples, {self.total_bytes / 1e6:.1f} MB from {self.source!r} "
+                f"via {self.cache.root}>")
+
+
+#: The file names ImageFolder takes as images (torchvision's ``IMG_EXTENSIONS``), compared in lower case.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def pil_loader(data: bytes) -> Any:
+    """An image's bytes as an RGB ``PIL.Image`` (what torchvision's ``default_loader`` does with a path)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return img.convert("RGB")
+
+
+class CachedImageFolder(CachedDataset):
+    """``torchvision.datasets.ImageFolder`` over any source, read through the cache: objects named
+    ``<class>/.../<file>.jpg`` under the source (a bucket prefix, a Drive folder, a gcsfuse mount), the class
+    from the first folder of the name. Same attributes and call as torchvision's, so a training script
+    switches with one line::
+
+        # ds = torchvision.datasets.ImageFolder("/content/flowers", transform=tf)
+        ds = CachedImageFolder(GCSSource("cloud-samples-data", "ai-platform/flowers/"), Cache("/content/cache"),
+                               transform=tf)
+
+    ``classes`` (sorted folder names), ``class_to_idx``, ``samples`` / ``imgs`` (``(name, class_index)``,
+    sorted), ``targets``; ``ds[i]`` is ``(transform(loader(bytes)), target_transform(class_index))``.
+    ``loader`` takes the object's bytes (default: :func:`pil_loader`); ``is_valid_file`` takes its name
+    (default: an :data:`IMG_EXTENSIONS` suffix). Objects not in a class folder are left out, as
+    ImageFolder leaves out files beside the class folders. Every read is checked against the object's
+    CRC32C (see :class:`CachedDataset`). Picklable for DataLoader workers under fork and spawn when
+    ``transform``, ``target_transform`` and ``loader`` are (torchvision's transforms are)."""
+
+    def __init__(self, source: Source, cache: Cache, transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None, loader: Callable[[bytes], Any] = pil_loader,
+                 is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False) -> None:
+        self.transform, self.target_transform, self.loader = transform, target_transform, loader
+        self.is_valid_file, self.allow_empty = is_valid_file, allow_empty
+        super().__init__(source, cache)
+
+    def refresh(self) -> None:
+        """List the source again: classes, samples and targets follow what it holds now."""
+        valid = self.is_valid_file or (lambda name: name.lower().endswith(IMG_EXTENSIONS))
+        listed = sorted((e for e in self.source.list() if "/" in e.name and valid(e.name)), key=lambda e: e.name)
+        self.classes = sorted({e.name.split("/", 1)[0] for e in listed})
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        if not listed and not self.allow_empty:
+            raise NotFoundAtSource(f"no images in class folders under {self.source.uri}: ImageFolder reads "
+                                   "<class>/<file>.jpg (check the path or prefix, or pass is_valid_file)")
+        self.entries = EntryTable(listed)
+        self.targets = [self.class_to_idx[e.name.split("/", 1)[0]] for e in listed]
+        self._replaced = {}
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """``(object name, class index)`` of every image, as ImageFolder's ``samples`` (names, not paths)."""
+        return [(self.entries[i].name, self.targets[i]) for i in range(len(self.entries))]
+
+    imgs = samples
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        sample = self.loader(super().__getitem__(index))
+        target: Any = self.targets[range(len(self.entries))[index]]
+        if self.transform is not None:
+            sample = self.transform(sample)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return sample, target
+
+    def __repr__(self) -> str:
+        return (f"<CachedImageFolder {len(self)} images in {len(self.classes)} classes from {self.source!r} "
                 f"via {self.cache.root}>")
 
 

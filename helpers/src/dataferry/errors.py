@@ -13,7 +13,7 @@ import os
 import sys
 from typing import NoReturn
 
-__all__ = ["DataferryError", "BadArgument", "byte_count", "interrupted_at_exit"]
+__all__ = ["DataferryError", "BadArgument", "MissingPath", "byte_count", "interrupted_at_exit"]
 
 
 class DataferryError(Exception):
@@ -23,6 +23,10 @@ class DataferryError(Exception):
 class BadArgument(DataferryError, ValueError):
     """An argument that cannot work (a budget that is not a byte count, an unknown method, a file
     where a folder is needed): the message names it and what it takes."""
+
+
+class MissingPath(DataferryError, FileNotFoundError):
+    """A file or folder given as an argument does not exist."""
 
 
 def byte_count(name: str, value: object, *, unset: str = "") -> int:
@@ -41,6 +45,11 @@ def byte_count(name: str, value: object, *, unset: str = "") -> int:
 def interrupted_at_exit(what: str) -> NoReturn:
     """Ctrl-C while the process exits and ``what`` is under way: one line and status 130, instead of
     Python's 'Exception ignored in atexit callback' traceback and status 0."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     sys.stderr.write(f"dataferry: interrupted while {what}\n")
     sys.stderr.flush()
     os._exit(130)

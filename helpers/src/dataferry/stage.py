@@ -16,6 +16,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 from dataferry.cache import Cache
+from dataferry.errors import BadArgument
 from dataferry.progress import progress_bar
 from dataferry.sources import Entry, NotFoundAtSource, Source, fetches_async
 
@@ -88,13 +89,14 @@ def stage(
     ``world_size`` > 1, this call stages only the objects whose :func:`shard_of` is ``rank``.
     """
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        raise BadArgument(f"rank must be in [0, {world_size}), got {rank}")
     items = _listed(source) if names is None else names
     if world_size > 1:
         items = (item for item in items
                  if shard_of(item.name if isinstance(item, Entry) else item, world_size) == rank)
     report = StageReport(rank=rank, world_size=world_size)
-    staged: list[Entry] = []
+    staged = bytearray()  # the 32-byte keys of what this stage filled or found cached
+    evictions = cache.stats().evictions
     t0 = time.perf_counter()
     with progress_bar(progress, desc=f"staging {source.uri}", unit="file", dynamic_ncols=True) as bar:
         for filled in cache.fill_many(source, items, width=workers or width_for(source)):
@@ -103,7 +105,7 @@ def stage(
             else:
                 report.bytes_total += filled.size
                 if filled.fetched >= 0 and filled.entry is not None:
-                    staged.append(filled.entry)
+                    staged += bytes.fromhex(cache.key(source, filled.entry))
                 if filled.fetched > 0:
                     report.fetched += 1
                     report.bytes_fetched += filled.fetched
@@ -117,8 +119,10 @@ def stage(
             rate = report.bytes_fetched / elapsed / 1e6
             bar.set_postfix_str(f"{report.bytes_fetched / 1e6:.0f} MB, {rate:.1f} MB/s", refresh=False)
     report.seconds = time.perf_counter() - t0
-    report.kept = sum(cache.contains(source, entry) for entry in staged)
-    report.evicted = len(staged) - report.kept
+    keys = [staged[i:i + 32].hex() for i in range(0, len(staged), 32)]
+    # Only this process evicts for this stage's fills; with no eviction here, everything staged is still there.
+    report.kept = len(keys) if cache.stats().evictions == evictions else sum(map(cache.contains_key, keys))
+    report.evicted = len(keys) - report.kept
     if progress:
         print(report)
     return report

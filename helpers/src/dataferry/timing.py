@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dataferry.errors import BadArgument
+from dataferry.errors import BadArgument, MissingPath
 
 __all__ = ["evict", "resident_fraction", "residency_state", "EvictionReport", "drop_caches", "timed_read", "Spans",
            "Results", "time_h2d",
@@ -267,16 +267,16 @@ def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
         elif p.is_file():
             files.append(p)
         else:
-            raise BadArgument(f"{p}: no such file or folder; give results.csv files, or folders holding them")
+            raise MissingPath(2, f"{p}: no such file or folder; give results.csv files, or folders holding them")
     if not files:
-        raise BadArgument(f"no results.csv under {', '.join(map(str, paths))}: give the --out folder of a bench run")
+        raise MissingPath(2, f"no results.csv under {', '.join(map(str, paths))}: give the --out folder of a bench run")
     frames = []
     for f in files:
         meta = f.with_name("run_meta.json")
         if meta.exists():
             version = json.loads(meta.read_text()).get("schema_version")
             if version not in _READABLE_VERSIONS:
-                raise ValueError(f"{f}: schema version {version}, this dataferry reads {_READABLE_VERSIONS}")
+                raise BadArgument(f"{f}: schema version {version}, this dataferry reads {_READABLE_VERSIONS}")
         try:
             frame = pd.read_csv(f, keep_default_na=False, dtype={"error": str, "file": str, "bucket_location": str,
                                                                  "bound_by": str, "compute_profile": str})

@@ -198,7 +198,7 @@ def run_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], targe
     from dataferry.bench import check_methods
     from dataferry.runtime import capture
 
-    check_methods(methods, AU_METHODS)
+    check_methods(methods, (*AU_METHODS, "folder"))
     computes = [PROFILES[c] if isinstance(c, str) else c
                 for c in ([compute] if isinstance(compute, (str, ComputeProfile)) else compute)]
     out, methods = Path(out), list(methods)

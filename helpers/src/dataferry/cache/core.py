@@ -9,7 +9,6 @@ import fcntl
 import io
 import math
 import os
-import shutil
 import sqlite3
 import threading
 import time
@@ -113,10 +112,6 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         self.max_refetches = max_refetches
         self.retry_deadline_s = retry_deadline_s
         lay_out(self.root)
-        disk = shutil.disk_usage(self.root).total
-        if self.min_free_bytes >= disk:
-            raise BadArgument(f"min_free_bytes={self.min_free_bytes} is larger than the whole disk of {self.root} "
-                              f"({disk} B): no object could ever be cached; give less (0 keeps nothing free)")
         self._init_process_state()
         try:
             self._open_index()
@@ -339,7 +334,12 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         return Path(self._object_path(self.key(source, entry)))
 
     def contains(self, source: Source, item: Entry) -> bool:
-        return os.path.exists(self._object_path(self.key(source, item)))
+        """Whether that version of the object is in the cache now."""
+        return self.contains_key(self.key(source, item))
+
+    def contains_key(self, key: str) -> bool:
+        """Whether the entry of :meth:`key` ``key`` is in the cache now."""
+        return os.path.exists(self._object_path(key))
 
     def _touch(self, key: str) -> None:
         """Note a use for LRU; sent to the index writer in batches, not on every hit."""

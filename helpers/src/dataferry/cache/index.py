@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import queue
 import random
@@ -22,6 +23,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dataferry.cache.errors import CacheFolderError
 from dataferry.cache.fill import disk_full
 
 if TYPE_CHECKING:
@@ -76,8 +78,12 @@ def connect(root: Path) -> sqlite3.Connection:
             return db
         except sqlite3.OperationalError as e:
             db.close()
-            if not _busy(e) or time.monotonic() > deadline:
+            if not _busy(e):
                 raise
+            if time.monotonic() > deadline:
+                raise CacheFolderError(errno.EBUSY, f"the index of the cache {root} stayed locked for "
+                                                    f"{OPEN_TIMEOUT_S:g} s: another process holds it (a hung one?); "
+                                                    "stop it, or use another cache folder") from None
         except BaseException:
             db.close()
             raise
@@ -90,9 +96,11 @@ def _busy(e: sqlite3.OperationalError) -> bool:
 
 
 def damaged(e: sqlite3.DatabaseError) -> bool:
-    """Whether ``e`` says the index file is not a sound database (garbage, truncated, corrupt)."""
-    text = str(e)
-    return any(why in text for why in ("not a database", "malformed", "disk I/O error", "database corrupt"))
+    """Whether ``e`` says the index file is not a sound database (garbage, corrupt, or truncated: a short
+    read), not that its disk is failing (any other I/O error)."""
+    if getattr(e, "sqlite_errorname", "") in ("SQLITE_NOTADB", "SQLITE_CORRUPT", "SQLITE_IOERR_SHORT_READ"):
+        return True
+    return any(why in str(e) for why in ("not a database", "malformed", "database corrupt"))
 
 
 def recount(db: sqlite3.Connection) -> None:

@@ -30,7 +30,6 @@ import glob
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -47,10 +46,9 @@ VENV = ROOT / "build" / "colab" / "venv"
 OUT = ROOT / "build" / "colab-rehearsal"
 # What the course touches in Colab: the package's dependencies, the [torch] and [plots] extras, the kernel.
 ROOTS = ["pip", "setuptools", "wheel", "google-cloud-storage", "google-api-core", "google-crc32c", "requests",
-         "filelock", "tqdm", "torch", "numpy", "pandas", "matplotlib", "seaborn", "tabulate", "ipykernel", "ipython"]
+         "filelock", "tqdm", "torch", "torchvision", "numpy", "pandas", "matplotlib", "seaborn", "tabulate", "ipykernel", "ipython"]
 # Colab's CPU image has no CUDA libraries; PyPI's torch brings its own, so none is pinned from the snapshot.
 UNPINNED = re.compile(r"^(nvidia-|triton)")
-FLOWER_CLASSES = {"daisy": 633, "dandelion": 898, "roses": 641, "sunflowers": 699, "tulips": 799}
 LANDSAT_BANDS = {**{f"B{i}": 62_000_000 for i in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11)}, "B8": 241_000_000,
                  "BQA": 3_100_000}
 
@@ -101,23 +99,32 @@ def freeze(venv: Path) -> dict[str, str]:
 
 # -- the public buckets, played by the lab ---------------------------------------------------------
 
-def serve_public_data(lab) -> dict[str, dict[str, int]]:
-    """Upload stand-ins for the public data sets: the same names, folders and sizes (random bytes)."""
-    from dataferry.course import PUBLIC_DATASETS
-    from dataferry.lab.datasets import LogNormal, sample_bytes
+def flower_photos(prefix: str) -> dict[str, bytes]:
+    """The lab's stand-in for the public flowers: as many real JPEGs per class as the public set has
+    (dataferry.lab.flowers), drawn once and kept under build/colab/ for the next rehearsal."""
+    import PIL
 
-    rng = random.Random(2026)
+    from dataferry.lab.flowers import PUBLIC_COUNTS, plan_flowers
+
+    planned = plan_flowers(PUBLIC_COUNTS, seed=2026, prefix=prefix)
+    kept = VENV.parent / f"flowers-2026-pillow{PIL.__version__}"
+    if kept.is_dir() and all((kept / name).is_file() for name in planned.object_names):
+        return {name: (kept / name).read_bytes() for name in planned.object_names}
+    print(f"drawing {len(planned.object_names)} flower JPEGs (once, kept in {kept}) ...", flush=True)
+    planned.write_to(kept)
+    return dict(planned.objects())
+
+
+def serve_public_data(lab) -> dict[str, dict[str, int]]:
+    """Upload stand-ins for the public data sets: the same names, folders and sizes; flowers that are
+    real JPEGs of five learnable classes, Landsat bands of random bytes."""
+    from dataferry.course import PUBLIC_DATASETS
+    from dataferry.lab.datasets import sample_bytes
+
     flowers, landsat = PUBLIC_DATASETS["flowers"], PUBLIC_DATASETS["landsat-scene"]
-    objects: dict[str, dict[str, int]] = {flowers.bucket: {}, landsat.bucket: {}}
-    # tf_flowers: 3,670 JPEGs, 218 MiB in all (TFDS catalogue), so ~62 KB each on average.
-    sizes = LogNormal(52_000, 0.6, 4_000, 700_000)
-    labels = []
-    for kind, count in FLOWER_CLASSES.items():
-        for _ in range(count):
-            name = f"{flowers.prefix}{kind}/{rng.randrange(10**7, 10**11)}_{rng.randbytes(5).hex()}" \
-                   f"{'_n' if rng.random() < 0.3 else ''}.jpg"
-            objects[flowers.bucket][name] = sizes.sample(rng)
-            labels.append(f"gs://{flowers.bucket}/{name},{kind}\n")
+    photos = flower_photos(flowers.prefix)
+    objects: dict[str, dict[str, int]] = {flowers.bucket: {n: len(d) for n, d in photos.items()}, landsat.bucket: {}}
+    labels = [f"gs://{flowers.bucket}/{name},{name[len(flowers.prefix):].split('/')[0]}\n" for name in photos]
     csv = "".join(labels).encode()
     scene = landsat.prefix.rstrip("/").rsplit("/", 1)[-1]
     for band, size in LANDSAT_BANDS.items():
@@ -129,7 +136,8 @@ def serve_public_data(lab) -> dict[str, dict[str, int]]:
 
     def put(item):
         bucket, name, size = item
-        client.bucket(bucket).blob(name).upload_from_string(sample_bytes(0, name, size))
+        data = photos[name] if bucket == flowers.bucket else sample_bytes(0, name, size)
+        client.bucket(bucket).blob(name).upload_from_string(data)
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(put, [(b, n, s) for b, names in objects.items() for n, s in names.items()]))

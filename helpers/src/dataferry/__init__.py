@@ -46,7 +46,7 @@ _EXPORTS = {
     "SourceError": "dataferry.sources",
     "Cache": "dataferry.cache", "CacheStats": "dataferry.cache", "ChecksumError": "dataferry.cache",
     "Prefetcher": "dataferry.stage", "StageReport": "dataferry.stage",
-    "CachedDataset": "dataferry.dataset", "ShardDataset": "dataferry.shards", "make_shards": "dataferry.shards",
+    "CachedDataset": "dataferry.dataset", "CachedImageFolder": "dataferry.dataset", "ShardDataset": "dataferry.shards", "make_shards": "dataferry.shards",
     "Checkpoints": "dataferry.checkpoints", "CheckpointError": "dataferry.checkpoints",
     "DataferryError": "dataferry.errors", "BadArgument": "dataferry.errors",
 }

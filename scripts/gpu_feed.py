@@ -40,7 +40,7 @@ def main() -> None:
     from torch.utils.data import DataLoader, RandomSampler
 
     from dataferry import Cache, CachedDataset, LocalSource
-    from dataferry.feed import CudaCompute, EmulatedCompute, feed, image_sample, measure_profile
+    from dataferry.feed import EmulatedCompute, TorchCompute, feed, image_sample, measure_profile
     from dataferry.timing import time_h2d
 
     out: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "args": vars(args),
@@ -63,7 +63,7 @@ def main() -> None:
             (folder / f"{i:06d}.bin").write_bytes(os.urandom(args.file_bytes))
         source = LocalSource(folder)
         runs = {}
-        for mode, compute in (("cuda", CudaCompute("resnet50")), ("emulated", EmulatedCompute(resnet))):
+        for mode, compute in (("cuda", TorchCompute("resnet50")), ("emulated", EmulatedCompute(resnet))):
             if mode == "cuda":
                 compute.warm_up((args.batch, 3, 224, 224))
             # Each mode from an empty cache, so both epoch 1s fill it from the folder.

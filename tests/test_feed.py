@@ -86,3 +86,49 @@ def test_a_loader_that_delivers_in_bursts_is_the_bound_though_most_steps_do_not_
     (report,) = feed(bursts(), ComputeProfile("t", "none", "sleep", 1000, 4, "t"))
     assert report.loader_bound <= 4 < report.steps // 2
     assert report.au < 0.25 and report.bound_by == "loader"
+
+
+class SlowToDevice(torch.Tensor):
+    """A batch on a busy host: moving it to the device costs ``STALL_S`` of host time inside the step (a
+    pageable copy, or kernels launched late by a host thread that competes for the CPU)."""
+
+    STALL_S = 0.0
+
+    def to(self, *args, **kwargs):  # type: ignore[override]
+        time.sleep(SlowToDevice.STALL_S)
+        return torch.Tensor.to(self.as_subclass(torch.Tensor), *args, **kwargs)
+
+
+def test_au_of_a_real_model_does_not_count_a_slow_host_as_compute(monkeypatch):
+    """AU is the compute the epoch's samples need at the model's compute-only rate, over wall time (MLPerf
+    Storage's definition). With a host stall three times the compute inside every step, the answer is 25%
+    (20-29% even if the measured rate were off by 2x either way); timing each step (what CUDA events around a
+    step measure) says nearly 100%."""
+    from dataferry.feed import TorchCompute
+
+    torch.manual_seed(0)
+    monkeypatch.setattr(SlowToDevice, "STALL_S", 0.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        compute = TorchCompute("smallcnn", device="cpu", amp=False)
+        rate = compute.warm_up((16, 3, 64, 64), steps=3, measure=20)
+        step_s = 16 / rate
+        monkeypatch.setattr(SlowToDevice, "STALL_S", 3 * step_s)
+        batches = [(torch.randint(0, 256, (16, 3, 64, 64), dtype=torch.uint8).as_subclass(SlowToDevice),
+                    torch.zeros(16, dtype=torch.long)) for _ in range(10)]
+        bracketed = []
+        timed_step = compute.step
+
+        def step(batch):
+            t0 = time.perf_counter()
+            timed_step(batch)
+            bracketed.append(time.perf_counter() - t0)
+
+        compute.step = step
+        (report,) = feed(batches, compute)
+    finally:
+        torch.set_num_threads(threads)
+    assert report.compute_s == pytest.approx(10 * step_s)
+    assert report.au == pytest.approx(0.25, abs=0.1), report
+    assert sum(bracketed) / report.wall_s > 0.9, "timing the steps counts the stall as compute"

@@ -6,7 +6,8 @@ defines it (>= 90% passes). :func:`feed` drives real epochs of any loader (a PyT
 
 - :class:`EmulatedCompute` sleeps for a :class:`ComputeProfile`'s time per batch, as MLPerf's
   DLIO does, so the question is answered on any machine, GPU or not;
-- :class:`CudaCompute` trains a real model on a CUDA device and times it with CUDA events.
+- :class:`TorchCompute` trains a real model on a CUDA device (or the CPU) and counts its compute at
+  the model's compute-only rate, measured with data already on the device (MLPerf Storage's way).
 
 Each epoch gives an :class:`EpochReport`: AU, samples/s, the data wait per step (its
 distribution) and how many steps the loader, not the compute, bound. Profiles say where their
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ComputeProfile", "PROFILES", "EmulatedCompute", "CudaCompute", "EpochReport", "feed", "measure_profile",
+__all__ = ["ComputeProfile", "PROFILES", "EmulatedCompute", "TorchCompute", "EpochReport", "feed", "measure_profile",
            "image_sample", "small_cnn"]
 
 #: A step is bound by the loader when the compute waited longer than this share of its own time for the batch.
@@ -168,77 +169,99 @@ class EmulatedCompute:
         return f"<EmulatedCompute {self.profile.name}>"
 
 
-class CudaCompute:
-    """Trains a real model on the GPU: each batch is copied to the device, then forward, backward and an
-    SGD step run between two CUDA events. ``model`` is a torchvision classification model's name
+class TorchCompute:
+    """Trains a real model on a torch ``device`` (``"cuda"``; ``"cpu"`` works too): each batch is moved to the
+    device, then forward, backward and an SGD step. ``model`` is a torchvision classification model's name
     (random weights, nothing downloaded), ``"smallcnn"`` (:func:`small_cnn`) or an ``nn.Module``; batches are
-    ``(inputs, labels)``, uint8 inputs scaled to [0, 1] on the device. ``amp``: float16 autocast with a grad scaler."""
+    ``(inputs, labels)``, uint8 inputs scaled to [0, 1] on the device. ``amp``: float16 autocast with a grad
+    scaler (CUDA only).
 
-    mode = "cuda"
+    The compute an epoch needs is counted as MLPerf Storage counts it: its samples at the model's
+    compute-only rate, which :meth:`warm_up` measures with a batch already on the device. Timing the steps
+    themselves (CUDA events around each) would count the device as busy while it waits for a slow host
+    thread (a pageable copy, kernels launched late), and read high: 90% where throughput gave 80%."""
 
-    def __init__(self, model: Any = "resnet50", *, amp: bool = True, channels_last: bool = True,
-                 device: str = "cuda") -> None:
+    def __init__(self, model: Any = "resnet50", *, device: str = "cuda", amp: bool = True,
+                 channels_last: bool = True) -> None:
         import torch
 
-        if not torch.cuda.is_available():
-            raise RuntimeError("CudaCompute needs a CUDA device and torch.cuda.is_available() is False here: "
-                               "use EmulatedCompute(profile) instead")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError("TorchCompute on 'cuda' needs a CUDA device and torch.cuda.is_available() is False "
+                               "here: use EmulatedCompute(profile), or device='cpu'")
         if model == "smallcnn":
             model = small_cnn()
         elif isinstance(model, str):
             import torchvision
 
             model = torchvision.models.get_model(model, weights=None)
-        self.torch, self.device, self.amp, self.channels_last = torch, torch.device(device), amp, channels_last
-        self.scaler = torch.amp.GradScaler("cuda", enabled=amp)
+        self.torch, self.device = torch, torch.device(device)
+        self.mode = self.device.type
+        self.amp = amp and self.mode == "cuda"
+        self.channels_last = channels_last
+        self.scaler = torch.amp.GradScaler(self.mode, enabled=self.amp)
         self.name = type(model).__name__
         self.model = model.to(self.device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.loss = torch.nn.CrossEntropyLoss()
+        self.samples_per_s: float | None = None  # the compute-only rate, once warm_up has measured it
 
-    def warm_up(self, inputs_shape: tuple[int, ...], steps: int = 3) -> None:
-        """Run ``steps`` steps on random uint8 inputs of ``inputs_shape`` (batch first), outside any clock:
-        CUDA context, cuDNN's algorithm search and the allocator's first growth are not epoch 1's cost."""
+    def warm_up(self, inputs_shape: tuple[int, ...], steps: int = 3, measure: int = 10) -> float:
+        """Run ``steps`` steps on random uint8 inputs of ``inputs_shape`` (batch first), outside any clock (CUDA
+        context, cuDNN's algorithm search and the allocator's first growth are not epoch 1's cost), then time
+        ``measure`` more with that batch already on the device: the compute-only rate in samples/s, kept in
+        :attr:`samples_per_s` and returned."""
         torch = self.torch
-        x = torch.randint(0, 256, inputs_shape, dtype=torch.uint8)
-        y = torch.zeros(inputs_shape[0], dtype=torch.long)
-        self.begin_epoch()
+        x = torch.randint(0, 256, inputs_shape, dtype=torch.uint8, device=self.device)
+        y = torch.zeros(inputs_shape[0], dtype=torch.long, device=self.device)
         for _ in range(steps):
-            self.step((x, y))
-        self.end_epoch()
+            self._train_step(x, y)
+        self._synchronize()
+        t0 = time.perf_counter()
+        for _ in range(measure):
+            self._train_step(x, y)
+        self._synchronize()
+        self.samples_per_s = inputs_shape[0] * measure / (time.perf_counter() - t0)
+        return self.samples_per_s
 
     def begin_epoch(self) -> None:
-        self._events: list[tuple[Any, Any]] = []
+        if self.samples_per_s is None:
+            raise RuntimeError("call warm_up(inputs_shape) first: AU needs the model's compute-only rate")
+        self._samples: list[int] = []
 
     def step(self, batch: Any) -> None:
-        torch = self.torch
         x, y = batch
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        x = x.to(self.device, non_blocking=True)
+        self._samples.append(int(x.shape[0]))
+        self._train_step(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
+
+    def _train_step(self, x: Any, y: Any) -> None:
+        torch = self.torch
         x = (x.float() / 255) if x.dtype == torch.uint8 else x
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        y = y.to(self.device, non_blocking=True)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+        with torch.autocast(self.mode, dtype=torch.float16, enabled=self.amp):
             loss = self.loss(self.model(x), y)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        end.record()
-        self._events.append((start, end))
+
+    def _synchronize(self) -> None:
+        if self.mode == "cuda":
+            self.torch.cuda.synchronize(self.device)
 
     def end_epoch(self) -> list[float]:
-        """Waits for the device, then each step's GPU seconds from its events."""
-        self.torch.cuda.synchronize()
-        return [s.elapsed_time(e) / 1e3 for s, e in self._events]
+        """Waits for the device; then each step's compute at the compute-only rate (seconds)."""
+        self._synchronize()
+        assert self.samples_per_s is not None
+        return [n / self.samples_per_s for n in self._samples]
 
     def __repr__(self) -> str:
-        return f"<CudaCompute {self.name} on {self.torch.cuda.get_device_name(self.device)}>"
+        where = self.torch.cuda.get_device_name(self.device) if self.mode == "cuda" else self.mode
+        rate = f", {self.samples_per_s:,.0f} samples/s compute-only" if self.samples_per_s else ""
+        return f"<TorchCompute {self.name} on {where}{rate}>"
 
 
-def feed(loader: Iterable[Any], compute: EmulatedCompute | CudaCompute | ComputeProfile, epochs: int = 1,
+def feed(loader: Iterable[Any], compute: EmulatedCompute | TorchCompute | ComputeProfile, epochs: int = 1,
          before_epoch: Callable[[int], Any] | None = None,
          on_epoch: Callable[[EpochReport], Any] | None = None) -> list[EpochReport]:
     """Run ``epochs`` epochs of ``loader`` into ``compute`` and report each.
@@ -302,21 +325,16 @@ def image_sample(data: bytes, shape: tuple[int, ...] = (3, 224, 224), classes: i
 
 
 def measure_profile(model: Any = "resnet50", *, batch_size: int = 256, input_shape: tuple[int, ...] = (3, 224, 224),
-                    steps: int = 30, warmup: int = 10, amp: bool = True, name: str | None = None) -> ComputeProfile:
-    """Time ``model``'s training step on this machine's GPU: ``warmup`` steps, then ``steps`` steps on
-    synthetic batches already on the device (so no data loading is in the figure), between CUDA events."""
+                    steps: int = 30, warmup: int = 10, amp: bool = True, name: str | None = None,
+                    device: str = "cuda") -> ComputeProfile:
+    """Time ``model``'s training step on this machine's GPU (or ``device``): ``warmup`` steps, then ``steps``
+    steps on a synthetic batch already on the device (so no data loading is in the figure)."""
     import torch
 
-    compute = CudaCompute(model, amp=amp)
-    compute.warm_up((batch_size, *input_shape), steps=warmup)
-    x = torch.randint(0, 256, (batch_size, *input_shape), dtype=torch.uint8, device=compute.device)
-    y = torch.randint(0, 1000, (batch_size,), device=compute.device)
-    compute.begin_epoch()
-    for _ in range(steps):
-        compute.step((x, y))
-    seconds = sum(compute.end_epoch())
-    gpu = torch.cuda.get_device_name(compute.device)
-    return ComputeProfile(name or f"{compute.name.lower()}-measured", compute.name, gpu, batch_size * steps / seconds,
-                          batch_size, f"measured by dataferry.feed.measure_profile on {gpu} (torch {torch.__version__}), "
+    compute = TorchCompute(model, amp=amp, device=device)
+    rate = compute.warm_up((batch_size, *input_shape), steps=warmup, measure=steps)
+    where = torch.cuda.get_device_name(compute.device) if compute.mode == "cuda" else compute.mode
+    return ComputeProfile(name or f"{compute.name.lower()}-measured", compute.name, where, rate, batch_size,
+                          f"measured by dataferry.feed.measure_profile on {where} (torch {torch.__version__}), "
                           f"{time.strftime('%Y-%m-%d')}: {steps} steps after {warmup} warm-up, "
-                          f"{'float16 autocast' if amp else 'fp32'}, CUDA events")
+                          f"{'float16 autocast' if compute.amp else 'fp32'}, a batch already on the device")

@@ -31,7 +31,7 @@ from typing import Any
 from dataferry.bench import Target, source_target
 from dataferry.bench.methods import method_state
 from dataferry.cache import Cache
-from dataferry.feed import PROFILES, ComputeProfile, CudaCompute, EmulatedCompute, EpochReport, feed
+from dataferry.feed import PROFILES, ComputeProfile, EmulatedCompute, EpochReport, TorchCompute, feed
 from dataferry.sources import LocalSource
 from dataferry.progress import progress_bar
 from dataferry.stage import stage
@@ -99,7 +99,7 @@ def _state(method: str, epoch: int, evicted: str) -> str:
     return "daemon_warm" if method == "gcsfuse-cache" and epoch > 1 else evicted
 
 
-def compare_au(target: Target, results: Results, methods: Sequence[str], compute: ComputeProfile | CudaCompute, *,
+def compare_au(target: Target, results: Results, methods: Sequence[str], compute: ComputeProfile | TorchCompute, *,
                region: Any, runtime_kind: str, epochs: int = 2, repeats: int = 3, batch_size: int = 64,
                workers: int = 2, decode: Any = None, seed: int = 0, work: Path, progress: Any = None) -> list[dict]:
     """AU of each method, ``epochs`` epochs from a fresh start, ``repeats`` times with the methods interleaved

@@ -98,3 +98,55 @@ def test_a_torchvision_loop_trains_on_flowers_from_a_lab_bucket_switching_one_li
     accuracy = _accuracy(model, torchvision.datasets.ImageFolder(tmp_path / "test", transform=tf))
     assert dataset.cache.usage()[0] == 300, "every image came through the cache"
     assert accuracy >= 0.6, f"{accuracy:.0%} after {seconds:.0f} s"
+
+
+def test_decode_once_keeps_pixels_in_the_cache_verified_and_keyed_by_version_and_size(tmp_path, monkeypatch):
+    """Each image is decoded on its first read only; the pixels are a cache entry like any other: checked
+    against their CRC32C, under the budget, and decoded afresh when the image or the size changes."""
+    import dataferry.decode as decode
+
+    TEST.write_to(tmp_path)
+    calls = []
+    real = decode.decode_image
+    monkeypatch.setattr(decode, "decode_image", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    source = LocalSource(tmp_path / "test")
+    ds = CachedImageFolder(source, cache, decode_once=64)
+    first = [ds[i] for i in range(len(ds))]
+    assert len(calls) == 100 and all(x.shape == (3, 64, 64) and x.dtype == torch.uint8 for x, _ in first)
+    assert [t for _, t in first] == ds.targets
+    again = [ds[i] for i in range(len(ds))]
+    assert len(calls) == 100, "a later epoch decodes nothing"
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(first, again))
+    name = ds.samples[5][0]
+    expected = decode.pixels(real((tmp_path / "test" / name).read_bytes(), 64), 64)
+    assert torch.equal(ds[5][0], expected)
+    # a byte flipped in the cached pixels: dropped and decoded again, never returned
+    path = cache.path(ds.decoded, ds.decoded.entry(ds.entry(5)))
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert torch.equal(ds[5][0], expected) and len(calls) == 101
+    # the image replaced at the source: its new pixels, not the old ones
+    (tmp_path / "test" / name).write_bytes(flower_jpeg("tulips", 99))
+    ds.refresh()
+    assert not torch.equal(ds[5][0], expected) and len(calls) == 102
+    # another size is another entry
+    assert CachedImageFolder(source, cache, decode_once=32)[5][0].shape == (3, 32, 32) and len(calls) == 103
+
+
+def test_decode_once_through_dataloader_workers_with_v2_transforms(tmp_path):
+    from torchvision.transforms import v2
+
+    TEST.write_to(tmp_path)
+    tf = v2.Compose([v2.RandomResizedCrop(48, antialias=True), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32,
+                                                                                                      scale=True)])
+    ds = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0), transform=tf,
+                           decode_once=64)
+    for context in ("fork", "spawn"):
+        seen = []
+        for x, y in DataLoader(ds, batch_size=25, num_workers=2, multiprocessing_context=context):
+            assert x.shape == (25, 3, 48, 48) and x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
+            seen += y.tolist()
+        assert sorted(seen) == sorted(ds.targets)
+    assert ds.cache.usage()[0] == 200, "100 JPEGs and their 100 decoded copies"

@@ -18,6 +18,7 @@ from typing import Any
 from torch.utils.data import Dataset, Sampler
 
 from dataferry.cache import Cache
+from dataferry.decode import DecodedImages, pixels
 from dataferry.sources import ChangedAtSource, Entry, EntryTable, NotFoundAtSource, Source
 from dataferry.stage import Prefetcher
 
@@ -62,16 +63,29 @@ class CachedDataset(Dataset):
         return self._replaced.get(index) or self.entries[index]
 
     def __getitem__(self, index: int) -> Any:
+        data = self._bytes(index)
+        return self.decode(data) if self.decode is not None else data
+
+    def _bytes(self, index: int, decoded: DecodedImages | None = None) -> bytes:
+        """Sample ``index``'s bytes, checked; or, through ``decoded``, its pixels (decoded on first read)."""
         entry = self.entry(index)
         try:
-            data = self.cache.read_verified(self.source, entry)
+            data = self._read(entry, decoded)
         except ChangedAtSource:
             # Replaced since listing and not cached: read the current version rather than fail.
             self._replaced[range(len(self.entries))[index]] = entry = self.source.stat(entry.name)
-            data = self.cache.read_verified(self.source, entry)
+            data = self._read(entry, decoded)
         if self.cache.max_bytes is not None:  # under a budget: room comes from what this epoch has read
-            self.cache.demote(self.source, [entry])
-        return self.decode(data) if self.decode is not None else data
+            if decoded is None:
+                self.cache.demote(self.source, [entry])
+            else:
+                self.cache.demote(decoded, [decoded.entry(entry)])
+        return data
+
+    def _read(self, entry: Entry, decoded: DecodedImages | None) -> bytes:
+        if decoded is None:
+            return self.cache.read_verified(self.source, entry)
+        return self.cache.read_verified(decoded, decoded.entry(entry))
 
     def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> PrefetchingSampler:
         """Wrap ``sampler`` so that, as the DataLoader draws indices, samples up to ``ahead`` past
@@ -117,16 +131,22 @@ class CachedImageFolder(CachedDataset):
     ``classes`` (sorted folder names), ``class_to_idx``, ``samples`` / ``imgs`` (``(name, class_index)``,
     sorted), ``targets``; ``ds[i]`` is ``(transform(loader(bytes)), target_transform(class_index))``.
     ``loader`` takes the object's bytes (default: :func:`pil_loader`); ``is_valid_file`` takes its name
-    (default: an :data:`IMG_EXTENSIONS` suffix). Objects not in a class folder are left out, as
+    (default: an :data:`IMG_EXTENSIONS` suffix).
+
+    ``decode_once=256``: each image is decoded once, to 256 x 256 RGB (:class:`~dataferry.decode.DecodedImages`),
+    and kept in the cache; ``transform`` then gets a ``3 x 256 x 256`` uint8 tensor instead of a PIL image (use
+    torchvision's v2 transforms, e.g. ``RandomResizedCrop(224)``, on it), and later epochs pay no JPEG decode. Objects not in a class folder are left out, as
     ImageFolder leaves out files beside the class folders. Every read is checked against the object's
     CRC32C (see :class:`CachedDataset`). Picklable for DataLoader workers under fork and spawn when
     ``transform``, ``target_transform`` and ``loader`` are (torchvision's transforms are)."""
 
     def __init__(self, source: Source, cache: Cache, transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, loader: Callable[[bytes], Any] = pil_loader,
-                 is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False) -> None:
+                 is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False,
+                 decode_once: int | None = None) -> None:
         self.transform, self.target_transform, self.loader = transform, target_transform, loader
         self.is_valid_file, self.allow_empty = is_valid_file, allow_empty
+        self.decoded = DecodedImages(source, cache, decode_once) if decode_once else None
         super().__init__(source, cache)
 
     def refresh(self) -> None:
@@ -150,7 +170,10 @@ class CachedImageFolder(CachedDataset):
     imgs = samples
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        sample = self.loader(super().__getitem__(index))
+        if self.decoded is None:
+            sample = self.loader(self._bytes(index))
+        else:
+            sample = pixels(self._bytes(index, self.decoded), self.decoded.size)
         target: Any = self.targets[range(len(self.entries))[index]]
         if self.transform is not None:
             sample = self.transform(sample)

@@ -117,11 +117,11 @@ class Budget:
                         held += 1
             if short():
                 if over_budget() > 0:
-                    why = (f"max_bytes={self.max_bytes} (the CLI's --max-bytes) would be exceeded ({used} B cached "
-                           "or being filled)")
+                    why = (f"max_bytes={self.max_bytes} would be exceeded ({used} B cached or being filled; the "
+                           "CLI's --max-bytes)")
                 else:
-                    why = (f"min_free_bytes={self.min_free_bytes} (the CLI's --min-free-bytes) would be crossed on the "
-                           f"cache's disk ({max(free, 0)} B free there, after {filling} B of fills in flight)")
+                    why = (f"min_free_bytes={self.min_free_bytes} would be crossed on the cache's disk ({max(free, 0)} B "
+                           f"free there, after {filling} B of fills in flight; the CLI's --min-free-bytes)")
                 answers.append((fut, Refusal(why, transient=bool(held or filling))))
                 continue
             used, free = used + size, free - size

@@ -27,9 +27,11 @@ class CacheFolderError(DataferryError, OSError):
         """The cache folder ``root`` could not be made or opened with ``e``: why, by its errno."""
         why = {errno.ENOTDIR: "a part of its path is a file, not a folder: choose another path",
                errno.ENAMETOOLONG: "a name in its path is too long (255 bytes at most): choose a shorter one",
-               errno.ENOENT: "a part of its path does not exist"}.get(e.errno or 0,
-                                                                      "choose a writable folder, e.g. /content/cache in Colab")
-        return cls(e.errno, f"cannot use the cache folder {root} ({e.strerror}): {why}")
+               errno.ENOENT: "a part of its path does not exist: check it"}.get(e.errno or 0)
+        if why:
+            return cls(e.errno, f"cannot use the cache folder {root} ({e.strerror}): {why}")
+        return cls(e.errno, f"cannot write to the cache folder {root} ({e.strerror}): choose a writable folder, "
+                            "e.g. /content/cache in Colab")
 
     @classmethod
     def writing(cls, e: OSError) -> CacheFolderError:

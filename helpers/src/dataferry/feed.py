@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ComputeProfile", "PROFILES", "EmulatedCompute", "TorchCompute", "EpochReport", "feed", "measure_profile",
+__all__ = ["ComputeProfile", "PROFILES", "EmulatedCompute", "TorchCompute", "EpochReport", "feed", "measure_profile", "sample_ms",
            "image_sample", "small_cnn"]
 
 #: A step is bound by the loader when the compute waited longer than this share of its own time for the batch.
@@ -298,6 +298,21 @@ def feed(loader: Iterable[Any], compute: EmulatedCompute | TorchCompute | Comput
         if on_epoch is not None:
             on_epoch(report)
     return reports
+
+
+def sample_ms(dataset: Any, n: int = 64, seed: int = 0) -> float:
+    """Milliseconds to prepare one sample on this core: ``dataset[i]`` (read, check, decode, augment) for
+    ``n`` random indices, after one untimed read of each (so a cache is warm). What each DataLoader worker
+    pays per sample: ``workers`` of them give at most ``workers * 1000 / sample_ms`` samples/s."""
+    import random
+
+    picks = random.Random(seed).sample(range(len(dataset)), min(n, len(dataset)))
+    for i in picks:
+        dataset[i]
+    t0 = time.perf_counter()
+    for i in picks:
+        dataset[i]
+    return (time.perf_counter() - t0) / len(picks) * 1e3
 
 
 def small_cnn(classes: int = 1000) -> Any:

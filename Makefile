@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export DATAFERRY_TOOLS ?= $(CURDIR)/build/tools
 PYTEST_ARGS ?=
 
-.PHONY: venv tools browser colab-venv colab-rehearsal test course lab lab-down bench-cache bench-shards bench-lab clean
+.PHONY: venv tools browser colab-venv colab-rehearsal test course lab lab-down bench-cache bench-shards bench-train bench-lab clean
 
 $(STAMP): helpers/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dataferry needs Python >= 3.10; set PYTHON=python3.x")'
@@ -49,6 +49,9 @@ bench-cache: tools
 
 bench-shards: tools
 	MPLBACKEND=Agg $(VENV)/bin/dataferry bench-shards --out build/bench/shards.json
+
+bench-train: tools
+	$(VENV)/bin/dataferry bench-train --out build/bench/train.json
 
 bench-lab: tools
 	MPLBACKEND=Agg $(VENV)/bin/dataferry bench --lab --out build/bench/methods --json build/bench/methods.json

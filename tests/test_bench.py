@@ -182,3 +182,24 @@ def test_bench_shards_reads_every_sample_each_epoch_and_keeps_the_cache_under_it
     assert files[0]["served_bytes"] >= got["files_bytes"] and got["runs"]["webdataset-cache"][0]["served_bytes"] >= got["shards_bytes"]
     assert "| dataferry-shards |" in stdout and "| webdataset-cache |" in stdout and "lab:unshaped" in stdout
     assert Path(got["figure"]).stat().st_size > 10_000
+
+
+def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(tmp_path):
+    """`dataferry bench-train` on small data: every reader, decoder and worker count gives a whole epoch into
+    the emulated accelerator, and the JSON holds both ratios with their goals."""
+    out = tmp_path / "train.json"
+    stdout = _cli("bench-train", "--images", "25", "--batch", "8", "--repeats", "1", "--plain-files", "200",
+                  "--profile", "unshaped", "--out", str(out))
+    got = json.loads(out.read_text())
+    widths = sorted({1, os.cpu_count()})
+    readers = {(r["reader"], r["decoder"], r["workers"]) for r in got["rows"]}
+    for w in widths:
+        for d in ("pil", "pil-reduced", "torchvision"):
+            assert {("imagefolder-local", d, w), ("cache-cold", d, w), ("cache-warm", d, w)} <= readers
+        assert {("decode-once-cold", "pil@256", w), ("decode-once-warm", "pil@256", w)} <= readers
+    for r in got["rows"]:
+        assert r["samples_per_s"] > 0 and 0 < r["au"] <= 1.05 and 0 <= r["wait_share"] <= 1, r
+    assert got["decode_once_vs_jpeg_warm"] > 0 and got["cold_epoch_vs_plain_read"] > 0
+    assert set(got["goals"]) == {"decode_once_vs_jpeg_warm", "cold_epoch_vs_plain_read"}
+    assert all(ms > 0 for ms in got["decode_ms_per_sample"].values())
+    assert "| decode-once-warm |" in stdout and "lab:unshaped" in stdout and "decode_once_vs_jpeg_warm" in stdout

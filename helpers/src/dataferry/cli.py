@@ -8,6 +8,7 @@
     dataferry report RESULTS...                      pool result files, redraw the figures
     dataferry bench-cache [--out FILE]               benchmark the cache in the lab
     dataferry bench-shards [--out FILE]              shards vs files vs webdataset, data 5x the cache
+    dataferry bench-train [--out FILE]               a training epoch: decoders, workers, cache cold/warm, decode-once
 
     dataferry lab up [--profile NAME] [--port N]     start the offline lab (builds tools once)
     dataferry lab status [--json]                    what runs, where, under which profile
@@ -193,6 +194,14 @@ def cmd_bench_shards(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_train(args: argparse.Namespace) -> int:
+    from dataferry.lab.trainbench import bench_train
+
+    bench_train(args.out, images=args.images, batch=args.batch, profile=args.compute, region=args.profile,
+                repeats=args.repeats, plain_files=args.plain_files)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from dataferry.bench import KNOWN_METHODS, LAB_METHODS, bench_source, check_methods
     from dataferry.errors import BadArgument
@@ -364,6 +373,17 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--batch", type=int, default=64)
     bs.add_argument("--profile", choices=list(PROFILES), default="same-continent", help="lab region profile")
     bs.set_defaults(func=cmd_bench_shards)
+    bt = sub.add_parser("bench-train", help="where a training epoch's time goes: real JPEGs, decoders, workers, the cache "
+                                            "cold, warm and with decode-once, in a lab of its own (~5 min)")
+    bt.add_argument("--out", default="build/bench/train.json")
+    bt.add_argument("--images", type=int, default=800, help="flower JPEGs (a fifth per class)")
+    bt.add_argument("--batch", type=int, default=32)
+    bt.add_argument("--repeats", type=int, default=3, help="warm epochs per reader, and cold-epoch runs")
+    bt.add_argument("--plain-files", type=int, default=4000, help="files in the cold-epoch vs plain-read comparison")
+    bt.add_argument("--compute", choices=list(COMPUTE_PROFILES), default="resnet50-h100-amp",
+                    help="the emulated accelerator AU is measured against")
+    bt.add_argument("--profile", choices=list(PROFILES), default="same-continent", help="lab region profile")
+    bt.set_defaults(func=cmd_bench_train)
     return parser
 
 

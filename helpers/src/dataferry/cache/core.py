@@ -245,6 +245,10 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
             return action(source, source.stat(item))
 
     def _read(self, source: Source, entry: Entry) -> bytes:
+        return self._read_and_say(source, entry)[0]
+
+    def _read_and_say(self, source: Source, entry: Entry) -> tuple[bytes, bool]:
+        """The bytes, and whether they were filled for this read (checked by that fill a moment ago)."""
         key = self.key(source, entry)
         path = self._object_path(key)
         hit = True
@@ -254,7 +258,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
             except FileNotFoundError:
                 hit = False
                 if self.fill(source, entry) < 0:
-                    return self._stream(source, entry)
+                    return self._stream(source, entry), True  # checked as it streamed
                 continue
             # No lock needed: eviction only unlinks, and an open descriptor still reads every byte.
             try:
@@ -266,7 +270,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
                     self._stats.hits += hit
                     self._stats.bytes_from_cache += len(data)
                 self._touch(key)
-                return data
+                return data, not hit
             self._discard(key)
             self._count(refetches=1)
             hit = False
@@ -281,7 +285,9 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
     def _read_verified(self, source: Source, entry: Entry) -> bytes:
         key = self.key(source, entry)
         for _ in range(self.max_refetches + 1):
-            data = self._read(source, entry)
+            data, just_filled = self._read_and_say(source, entry)
+            if just_filled:  # the fill checked size and CRC32C as the bytes arrived
+                return data
             expected = entry.crc32c or self._stored_crc(key)
             if expected is None or b64(google_crc32c.value(data)) == expected:
                 return data

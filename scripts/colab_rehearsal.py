@@ -104,14 +104,17 @@ def flower_photos(prefix: str) -> dict[str, bytes]:
     (dataferry.lab.flowers), drawn once and kept under build/colab/ for the next rehearsal."""
     import PIL
 
-    from dataferry.lab.flowers import PUBLIC_COUNTS, plan_flowers
+    from dataferry.lab.flowers import PUBLIC_COUNTS, VERSION, plan_flowers
 
     planned = plan_flowers(PUBLIC_COUNTS, seed=2026, prefix=prefix)
-    kept = VENV.parent / f"flowers-2026-pillow{PIL.__version__}"
-    if kept.is_dir() and all((kept / name).is_file() for name in planned.object_names):
+    kept = VENV.parent / f"flowers-2026-v{VERSION}-pillow{PIL.__version__}"
+    if kept.is_dir():
         return {name: (kept / name).read_bytes() for name in planned.object_names}
     print(f"drawing {len(planned.object_names)} flower JPEGs (once, kept in {kept}) ...", flush=True)
-    planned.write_to(kept)
+    drawing = kept.with_name(kept.name + ".partial")
+    shutil.rmtree(drawing, ignore_errors=True)
+    planned.write_to(drawing)
+    os.replace(drawing, kept)  # whole or not there: an interrupted drawing is never served
     return dict(planned.objects())
 
 

@@ -5,7 +5,8 @@
 1. measures two compute profiles on this GPU (ResNet-50 at 3x224x224, the small CNN at 3x64x64),
 2. times pinned vs pageable host-to-device copies of one ResNet-50 batch,
 3. trains ResNet-50 for real through ``CachedDataset`` (a local folder of synthetic files as the source,
-   DataLoader workers decoding them) and reports AU per epoch from CUDA events, then runs the same
+   DataLoader workers decoding them) and reports AU per epoch (its images at the compute-only rate over
+   wall time, as MLPerf Storage counts it), then runs the same
    data path (a fresh cache) into the emulator with the profile just measured, so the emulated AU
    can be checked against the real one.
 Prints a table and writes JSON.

@@ -55,8 +55,28 @@ def test_cached_image_folder_has_image_folders_classes_samples_and_targets(tmp_p
     for i in (0, 37, 99):
         (a, ta), (b, tb) = ours[i], theirs[i]
         assert torch.equal(a, b) and ta == tb
-    with pytest.raises(FileNotFoundError, match="no images in class folders"):
+    with pytest.raises(FileNotFoundError, match="no valid image in any class folder"):
         CachedImageFolder(LocalSource(tmp_path / "test" / "daisy"), Cache(tmp_path / "c", min_free_bytes=0))
+
+
+def test_cached_image_folder_numbers_and_orders_like_image_folder_with_nested_folders_and_filters(tmp_path):
+    """Classes are every top folder, whatever is_valid_file keeps (a train and a test subset number them
+    alike); samples go class by class, then folder by folder, as ImageFolder walks them."""
+    root = tmp_path / "data"
+    for name in ("a/z.jpg", "a/sub/x.jpg", "a-b/y.jpg", "b/w.jpg", "c/notes.txt"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(flower_jpeg("roses", len(name)))
+    keep = ["a/z.jpg", "a/sub/x.jpg", "a-b/y.jpg", "b/w.jpg"]
+    theirs = torchvision.datasets.ImageFolder(root, is_valid_file=lambda p: p.endswith(".jpg"), allow_empty=True)
+    ours = CachedImageFolder(LocalSource(root), Cache(tmp_path / "cache", min_free_bytes=0), allow_empty=True)
+    assert ours.classes == theirs.classes == ["a", "a-b", "b", "c"]
+    assert [(str(root / n), t) for n, t in ours.samples] == theirs.samples
+    assert [n for n, _ in ours.samples] == keep and ours.imgs is ours.samples and ours.targets == [0, 0, 1, 2]
+    only_b = CachedImageFolder(LocalSource(root), Cache(tmp_path / "cache", min_free_bytes=0),
+                               is_valid_file=lambda n: n.startswith("b/"), allow_empty=True)
+    assert only_b.classes == ours.classes and only_b.targets == [2], "a subset keeps the class numbers"
+    with pytest.raises(FileNotFoundError, match="no valid image for the classes c under"):
+        CachedImageFolder(LocalSource(root), Cache(tmp_path / "cache", min_free_bytes=0))
 
 
 def _train(dataset, context: str, epochs: int = 4):

@@ -150,24 +150,31 @@ class CachedImageFolder(CachedDataset):
         super().__init__(source, cache)
 
     def refresh(self) -> None:
-        """List the source again: classes, samples and targets follow what it holds now."""
+        """List the source again: classes, samples and targets follow what it holds now. As ImageFolder:
+        the classes are every folder at the top (whatever ``is_valid_file`` keeps, so two datasets over one
+        source number them alike), samples go class by class, and within one, folder by folder; a class
+        with no valid file is an error unless ``allow_empty``."""
         valid = self.is_valid_file or (lambda name: name.lower().endswith(IMG_EXTENSIONS))
-        listed = sorted((e for e in self.source.list() if "/" in e.name and valid(e.name)), key=lambda e: e.name)
-        self.classes = sorted({e.name.split("/", 1)[0] for e in listed})
+        foldered = [e for e in self.source.list() if "/" in e.name]
+        self.classes = sorted({e.name.split("/", 1)[0] for e in foldered})
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        if not listed and not self.allow_empty:
-            raise NotFoundAtSource(f"no images in class folders under {self.source.uri}: ImageFolder reads "
-                                   "<class>/<file>.jpg (check the path or prefix, or pass is_valid_file)")
+
+        def order(e: Entry) -> tuple[str, str, str]:
+            folder, _, file = e.name.rpartition("/")
+            return e.name.split("/", 1)[0], folder, file
+
+        listed = sorted((e for e in foldered if valid(e.name)), key=order)
+        empty = set(self.classes) - {e.name.split("/", 1)[0] for e in listed}
+        if (empty or not listed) and not self.allow_empty:
+            which = f"for the classes {', '.join(sorted(empty))}" if empty and listed else "in any class folder"
+            raise NotFoundAtSource(f"no valid image {which} under {self.source.uri}: ImageFolder reads "
+                                   "<class>/<file>.jpg (check the path or prefix, pass is_valid_file, or allow_empty=True)")
         self.entries = EntryTable(listed)
         self.targets = [self.class_to_idx[e.name.split("/", 1)[0]] for e in listed]
+        #: ``(object name, class index)`` of every image, as ImageFolder's ``samples`` (names, not paths).
+        self.samples = [(e.name, t) for e, t in zip(listed, self.targets)]
+        self.imgs = self.samples
         self._replaced = {}
-
-    @property
-    def samples(self) -> list[tuple[str, int]]:
-        """``(object name, class index)`` of every image, as ImageFolder's ``samples`` (names, not paths)."""
-        return [(self.entries[i].name, self.targets[i]) for i in range(len(self.entries))]
-
-    imgs = samples
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         if self.decoded is None:

@@ -278,9 +278,9 @@ def feed(loader: Iterable[Any], compute: EmulatedCompute | TorchCompute | Comput
         compute.begin_epoch()
         waits, samples = [], 0
         t0 = time.perf_counter()
-        it = iter(loader)
+        it = iter(loader)  # starts the workers: part of the first step's wait
+        w0 = t0
         while True:
-            w0 = time.perf_counter()
             try:
                 batch = next(it)
             except StopIteration:
@@ -288,6 +288,7 @@ def feed(loader: Iterable[Any], compute: EmulatedCompute | TorchCompute | Comput
             waits.append(time.perf_counter() - w0)
             samples += _batch_len(batch)
             compute.step(batch)
+            w0 = time.perf_counter()
         busy = compute.end_epoch()
         wall = time.perf_counter() - t0
         # The wait before step i overlaps step i-1's compute on a GPU (it runs asynchronously), not in a sleep.

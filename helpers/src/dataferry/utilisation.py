@@ -107,7 +107,7 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
     an error row); returns the rows."""
     rng = random.Random(seed)
     emulated = isinstance(compute, ComputeProfile)
-    name = compute.name if emulated else f"cuda:{compute.name}"
+    name = compute.name if emulated else f"{compute.mode}:{compute.name}"
     rows: list[dict] = []
     common = {"region": region.region, "region_source": region.source, "runtime": runtime_kind, "compute_profile": name,
               "phase": "train", "file_bytes": target.mean_file_bytes}

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLASSES", "PUBLIC_COUNTS", "FlowerSet", "plan_flowers", "flower_jpeg"]
+__all__ = ["CLASSES", "PUBLIC_COUNTS", "VERSION", "FlowerSet", "plan_flowers", "flower_jpeg"]
+
+VERSION = 1  # of the drawing below: anything kept from an earlier version must be drawn again
 
 CLASSES = ("daisy", "dandelion", "roses", "sunflowers", "tulips")
 #: Images per class in the public set (TensorFlow's flower_photos: 3,670 in all).

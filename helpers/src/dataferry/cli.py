@@ -23,9 +23,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Sequence

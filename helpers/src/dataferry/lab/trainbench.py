@@ -86,10 +86,11 @@ def _decode_ms(folder: Path, decoder: Callable[[bytes], Any], n: int = 100) -> f
     return (time.perf_counter() - t0) / len(blobs) * 1e3
 
 
-def _epoch(dataset: Any, workers: int, batch: int, compute: Any) -> Any:
-    """One epoch of ``dataset`` into ``compute``, by a DataLoader with ``workers`` worker processes, in a
-    shuffled order; a dataset through the cache fetches ahead of the reader (its prefetching sampler), as
-    the course teaches."""
+def _epochs(dataset: Any, workers: int, batch: int, compute: Any, epochs: int = 1) -> list[Any]:
+    """``epochs`` epochs of ``dataset`` into ``compute``, by one DataLoader whose ``workers`` worker processes
+    live across epochs (as a training job keeps them), in a shuffled order; a dataset through the cache
+    fetches ahead of the reader (its prefetching sampler), as the course teaches. The first epoch pays the
+    workers' start."""
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
@@ -98,7 +99,9 @@ def _epoch(dataset: Any, workers: int, batch: int, compute: Any) -> Any:
     sampler: Any = RandomSampler(dataset, generator=torch.Generator().manual_seed(0))
     if hasattr(dataset, "prefetching"):
         sampler = dataset.prefetching(sampler)
-    return feed(DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers), compute)[0]
+    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
+                        persistent_workers=workers > 0)
+    return feed(loader, compute, epochs=epochs)
 
 
 def _drop_page_cache(folder: Path) -> None:
@@ -149,18 +152,20 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
             for width in widths:
                 for decoder in DECODERS:
                     ds = ImageFolder(local, transform=_transform(), loader=functools.partial(_load_path, decoder))
-                    _epoch(ds, width, batch, compute)  # page cache warm, workers' imports done
-                    row("imagefolder-local", decoder, width, _epoch(ds, width, batch, compute))
+                    for report in _epochs(ds, width, batch, compute, 1 + repeats)[1:]:  # the first warms up
+                        row("imagefolder-local", decoder, width, report)
                     cached = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-{decoder}"),
                                                transform=_transform(), loader=_decoder(decoder))
-                    row("cache-cold", decoder, width, _epoch(cached, width, batch, compute))
-                    for _ in range(repeats):
-                        row("cache-warm", decoder, width, _epoch(cached, width, batch, compute))
+                    cold, *warm = _epochs(cached, width, batch, compute, 1 + repeats)
+                    row("cache-cold", decoder, width, cold)
+                    for report in warm:
+                        row("cache-warm", decoder, width, report)
                 once = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-once"),
                                          transform=_transform(), decode_once=DECODED_SIZE)
-                row("decode-once-cold", f"pil@{DECODED_SIZE}", width, _epoch(once, width, batch, compute))
-                for _ in range(repeats):
-                    row("decode-once-warm", f"pil@{DECODED_SIZE}", width, _epoch(once, width, batch, compute))
+                cold, *warm = _epochs(once, width, batch, compute, 1 + repeats)
+                row("decode-once-cold", f"pil@{DECODED_SIZE}", width, cold)
+                for report in warm:
+                    row("decode-once-warm", f"pil@{DECODED_SIZE}", width, report)
 
             # Epoch 1 through the cache from a folder vs plain reads of it: bytes only, no decoding.
             folder = work / "plain"
@@ -175,10 +180,10 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
             plain_rates, cold_rates = [], []
             for r in range(repeats):
                 _drop_page_cache(folder)
-                report = _epoch(SourceDataset(source, entries, decode=len), width, batch, compute)
+                report = _epochs(SourceDataset(source, entries, decode=len), width, batch, compute)[0]
                 plain_rates.append(report.samples_per_s)
                 _drop_page_cache(folder)
-                report = _epoch(CachedDataset(source, Cache(work / f"cold-{r}"), decode=len), width, batch, compute)
+                report = _epochs(CachedDataset(source, Cache(work / f"cold-{r}"), decode=len), width, batch, compute)[0]
                 cold_rates.append(report.samples_per_s)
                 say(f"  plain read {plain_rates[-1]:6.0f} files/s, cache epoch 1 {cold_rates[-1]:6.0f} files/s "
                     f"({width} workers, {plain_files} files)")

@@ -59,9 +59,9 @@ def _tv_decode(data: bytes) -> Any:
     return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
 
 
-def _load_path(decoder: str, path: str) -> Any:
-    """ImageFolder's loader: the file's bytes through ``decoder`` (a module-level function: picklable)."""
-    return _decoder(decoder)(Path(path).read_bytes())
+def _load_path(decode: Callable[[bytes], Any], path: str) -> Any:
+    """ImageFolder's loader: the file's bytes through ``decode`` (a module-level function: picklable)."""
+    return decode(Path(path).read_bytes())
 
 
 def _transform() -> Any:
@@ -151,7 +151,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
 
             for width in widths:
                 for decoder in DECODERS:
-                    ds = ImageFolder(local, transform=_transform(), loader=functools.partial(_load_path, decoder))
+                    ds = ImageFolder(local, transform=_transform(), loader=functools.partial(_load_path, _decoder(decoder)))
                     for report in _epochs(ds, width, batch, compute, 1 + repeats)[1:]:  # the first warms up
                         row("imagefolder-local", decoder, width, report)
                     cached = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-{decoder}"),

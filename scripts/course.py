@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CI_PARAMETERS = {"N_FILES": 6, "TEST_FILES": 10, "FILE_BYTES": 262144, "REPEATS": 1, "EPOCHS": 2}
+CI_PARAMETERS = {"N_FILES": 6, "TEST_FILES": 10, "DECODE_FILES": 50, "FILE_BYTES": 262144, "REPEATS": 1, "EPOCHS": 2}
 
 
 def lessons() -> list[Path]:

@@ -170,3 +170,51 @@ def test_decode_once_through_dataloader_workers_with_v2_transforms(tmp_path):
             seen += y.tolist()
         assert sorted(seen) == sorted(ds.targets)
     assert ds.cache.usage()[0] == 200, "100 JPEGs and their 100 decoded copies"
+
+
+def test_every_decoder_gives_the_same_picture_and_the_reduced_one_decodes_big_jpegs_smaller():
+    """The decoders a worker can use read the same RGB pixels (PIL and torchvision's libjpeg-turbo agree to a
+    few levels); draft mode decodes a JPEG four times the crop at half size or less, never below the crop."""
+    from dataferry.decode import DECODERS, pil_reduced
+
+    data = next(iter(TEST.objects()))[1]
+    pil = torch.from_numpy(__import__("numpy").asarray(DECODERS["pil"](data))).permute(2, 0, 1)
+    tv = DECODERS["torchvision"](data)
+    assert tv.dtype == torch.uint8 and tv.shape == pil.shape
+    assert (tv.int() - pil.int()).abs().float().mean() < 3, "the same picture"
+    big = io.BytesIO()
+    Image.new("RGB", (1000, 900), (200, 30, 60)).save(big, "JPEG")
+    reduced = pil_reduced(big.getvalue(), 224)
+    assert reduced.mode == "RGB" and 224 <= min(reduced.size) and max(reduced.size) <= 500, reduced.size
+    assert DECODERS["pil"](big.getvalue()).size == (1000, 900)
+
+
+def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_buys(tmp_path):
+    """Every decoder and decode-once through real DataLoader workers into an emulated accelerator: one row
+    per epoch with its cache state, decode-once's first epoch decoding into the cache; ``names`` restricts
+    the images; a decoder that does not exist is refused before anything runs."""
+    from dataferry.bench.decoders import compare_decoders, decoder_gains
+    from dataferry.errors import BadArgument
+    from dataferry.feed import PROFILES, EmulatedCompute
+
+    TEST.write_to(tmp_path / "photos")
+    source = LocalSource(tmp_path / "photos" / "test")
+    names = sorted(n.removeprefix("test/") for n in TEST.object_names)[::2]
+    said = []
+    rows = compare_decoders(source, tmp_path / "work", EmulatedCompute(PROFILES["resnet50-v100-amp"]), workers=2,
+                            batch_size=10, epochs=2, names=names, say=said.append)
+    assert [(r["decoder"], r["epoch"]) for r in rows] == [
+        (d, e) for d in ("pil", "pil-reduced", "torchvision", "decode-once@256") for e in (1, 2)]
+    for r in rows:
+        assert r["samples_per_s"] > 0 and 0 < r["au"] <= 1.05 and r["decode_ms_per_sample"] > 0, r
+        assert r["workers"] == 2 and r["compute"] == "resnet50-v100-amp"
+        assert r["samples_per_s"] * r["epoch_s"] == pytest.approx(len(names)), "every image of names, once"
+    states = {(r["decoder"], r["epoch"]): r["cache_state"] for r in rows}
+    assert states[("decode-once@256", 1)] == "decoding into the cache"
+    assert states[("pil", 2)].startswith("cache warm, page cache")
+    assert said[0].startswith(f"{len(names)} images")
+    gains = decoder_gains(rows)
+    assert gains["pil"] == 1.0 and set(gains) == {"pil", "pil-reduced", "torchvision", "decode-once@256"}
+    with pytest.raises(BadArgument, match="choose from pil"):
+        compare_decoders(source, tmp_path / "w2", EmulatedCompute(PROFILES["resnet50-v100-amp"]), workers=0,
+                         batch_size=10, decoders=["nvjpeg"])

@@ -97,6 +97,7 @@ class _Gated(LocalSource):
         super().__init__(root)
         self.slow, self.gate, self.lock = slow, threading.Event(), threading.Lock()
         self.running = self.most = 0
+        self.pause = 0.01  # seconds each fetch takes
 
     def fetch(self, entry, out, start=0, timeout=None):
         with self.lock:
@@ -105,7 +106,7 @@ class _Gated(LocalSource):
         try:
             if entry.name == self.slow:
                 assert self.gate.wait(30)
-            time.sleep(0.01)
+            time.sleep(self.pause)
             return super().fetch(entry, out, start, timeout)
         finally:
             with self.lock:
@@ -131,6 +132,28 @@ def test_prefetcher_keeps_width_fills_going_past_a_slow_one_while_the_reader_wai
     assert filled == [False] + [True] * 23 + [False] * 16, "all but the slow one, up to ahead past the reader"
     assert source.most == 3, f"{source.most} fills at once for width 3"
     assert pf.errors == [] and cache.contains(source, order[0])
+
+
+def test_the_prefetcher_reads_a_folder_32_at_once_as_documented(tmp_path):
+    """A Drive or gcsfuse folder is latency-bound: the prefetcher's default width for a folder source is
+    ``DEFAULT_WORKERS`` (32) fills at once, and that many really run (a pool of 8 threads once capped it)."""
+    from dataferry.stage import DEFAULT_WORKERS
+
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(64):
+        (root / f"{i:02d}.bin").write_bytes(b"x" * 100)
+    source = _Gated(root, slow="none")
+    order = sorted(source.list(), key=lambda e: e.name)
+    cache = Cache(tmp_path / "c")
+    source.pause = 0.1  # a folder 100 ms away, as a mounted Drive is
+    with Prefetcher(source, cache, order) as pf:
+        pf.advance(0)
+        deadline = time.monotonic() + 30
+        while not all(cache.contains(source, e) for e in order[:DEFAULT_WORKERS]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert pf.width == DEFAULT_WORKERS == 32
+    assert source.most == DEFAULT_WORKERS, f"{source.most} fills at once, not the documented {DEFAULT_WORKERS}"
 
 
 def test_dataset_reads_through_cache_with_prefetching_sampler(lab, dataset, tmp_path):

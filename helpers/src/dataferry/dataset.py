@@ -18,7 +18,7 @@ from typing import Any
 from torch.utils.data import Dataset, Sampler
 
 from dataferry.cache import Cache
-from dataferry.decode import DecodedImages, pixels
+from dataferry.decode import DecodedImages, pil_loader, pixels
 from dataferry.sources import ChangedAtSource, Entry, EntryTable, NotFoundAtSource, Source
 from dataferry.stage import Prefetcher
 
@@ -90,7 +90,7 @@ class CachedDataset(Dataset):
     def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> PrefetchingSampler:
         """Wrap ``sampler`` so that, as the DataLoader draws indices, samples up to ``ahead`` past
         the one drawn are fetched into the cache in the background by the main process, at most
-        256 at once from a bucket (on its download loop), 32 from a folder (on a few threads);
+        256 at once from a bucket (on its download loop), 32 from a folder (on as many threads);
         ``ahead`` defaults to four times that (see :class:`~dataferry.Prefetcher`). Under a cache budget
         the fills ahead take at most half of it; keep the DataLoader's own read-ahead (``batch_size *
         num_workers * prefetch_factor`` samples) within the other half, or what was fetched for it is
@@ -108,14 +108,6 @@ class CachedDataset(Dataset):
 
 #: The file names ImageFolder takes as images (torchvision's ``IMG_EXTENSIONS``), compared in lower case.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
-
-def pil_loader(data: bytes) -> Any:
-    """An image's bytes as an RGB ``PIL.Image`` (what torchvision's ``default_loader`` does with a path)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        return img.convert("RGB")
 
 
 class CachedImageFolder(CachedDataset):

@@ -1,4 +1,5 @@
-"""Decode once: what a later epoch should not pay again, kept in the cache beside the bytes it came from.
+"""Decoding images: the decoders a DataLoader worker can use (:data:`DECODERS`), and decode once, what a
+later epoch should not pay again, kept in the cache beside the bytes it came from.
 
 Once the files are on local disk, JPEG decoding is what holds training back (one core decodes and
 augments a 500x375 flower in ~3.75 ms, so a 2-vCPU Colab runtime feeds a few hundred images per
@@ -14,16 +15,50 @@ Random crops and flips then run on the tensor (cheap), not on the JPEG.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from dataferry.cache import Cache
 from dataferry.errors import BadArgument
 from dataferry.sources import Entry, Source
 
-__all__ = ["DecodedImages", "decode_image", "pixels"]
+__all__ = ["DECODERS", "DecodedImages", "decode_image", "pil_loader", "pil_reduced", "pixels", "torchvision_decode"]
 
 _VERSION = 1  # of the decoding below: a change to it must change every derived key
+
+
+def pil_loader(data: bytes) -> Any:
+    """An image's bytes as an RGB ``PIL.Image`` (what torchvision's ``default_loader`` does with a path)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return img.convert("RGB")
+
+
+def pil_reduced(data: bytes, size: int = 224) -> Any:
+    """:func:`pil_loader`, but a JPEG is decoded at 1/2, 1/4 or 1/8 of its size when that still covers
+    ``size`` x ``size`` (PIL's draft mode: libjpeg's DCT scaling). Photos only twice the crop or less
+    (the flowers' 500 x 375 for a 224 crop) decode at full size: there is nothing to save."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        if img.format == "JPEG":
+            img.draft("RGB", (size, size))
+        return img.convert("RGB")
+
+
+def torchvision_decode(data: bytes) -> Any:
+    """An image's bytes as a ``3 x H x W`` uint8 RGB tensor, decoded by ``torchvision.io.decode_image``
+    (libjpeg-turbo for JPEGs, without a PIL image in between)."""
+    import torch
+    from torchvision.io import ImageReadMode, decode_image as tv_decode_image
+
+    return tv_decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+
+#: The ways a DataLoader worker can decode an image, by name (each a picklable module-level function).
+DECODERS: dict[str, Callable[[bytes], Any]] = {"pil": pil_loader, "pil-reduced": pil_reduced,
+                                               "torchvision": torchvision_decode}
 
 
 def decode_image(data: bytes, size: int, draft: bool = True) -> bytes:

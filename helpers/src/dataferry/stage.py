@@ -196,7 +196,7 @@ class Prefetcher:
                 if not batch:
                     break
                 self._next += len(batch)
-                futures = self.cache.fill_later(self.source, batch)
+                futures = self.cache.fill_later(self.source, batch, threads=self.width)
                 share = len(batch) // len(futures)
                 self._in_flight += share * len(futures)
                 for fut in futures:

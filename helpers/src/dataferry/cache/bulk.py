@@ -181,16 +181,20 @@ class BulkFilling:
                 for fut in pending:
                     fut.cancel()
 
-    def fill_later(self, source: Source, items: Sequence[Entry]) -> list[Future]:
+    def fill_later(self, source: Source, items: Sequence[Entry], threads: int = 32) -> list[Future]:
         """Start filling ``items`` in the background. Returns futures that end when they are done,
         each with a list of (name, error) for the fills that failed: one for the whole batch on the
-        download loop (one hand-over to it, not one per item), one per item on a small pool of
-        this process's threads for a source without ``fetch_async``."""
+        download loop (one hand-over to it, not one per item), one per item on a pool of this
+        process's threads for a source without ``fetch_async`` (a folder: Drive, a gcsfuse mount), which
+        grows to the largest ``threads`` asked for: the fills a caller keeps in flight really run at once."""
         if fetches_async(source):
             return [aio.submit(self._fill_all_async(source, list(items)))]
         with self._mutex:
-            if self._fill_threads is None:
-                self._fill_threads = ThreadPoolExecutor(8, thread_name_prefix="dataferry-fill")
+            if self._fill_threads is None or self._fill_width < threads:
+                old, self._fill_threads = self._fill_threads, ThreadPoolExecutor(threads, thread_name_prefix="dataferry-fill")
+                self._fill_width = threads
+                if old is not None:
+                    old.shutdown(wait=False)  # its queued fills still run; new ones go to the larger pool
         return [self._fill_threads.submit(self._failures, source, [item]) for item in items]
 
     def _failures(self, source: Source, items: list[Entry]) -> list[tuple[str, BaseException]]:

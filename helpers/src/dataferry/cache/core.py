@@ -157,6 +157,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         self._held: dict = {}  # fill locks held by this process's download loop, by key
         self._placing = Placing(self._tmp)  # its download loop's finished fills, put in place by groups
         self._fill_threads = None  # fill_later's threads, for sources without fetch_async
+        self._fill_width = 0  # how many of them
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     @property

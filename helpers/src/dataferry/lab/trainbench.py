@@ -3,7 +3,7 @@
 Rows per reader (torchvision's ``ImageFolder`` on local disk; :class:`~dataferry.CachedImageFolder` from a lab
 bucket, its cache cold then warm; the same with decode-once), decoder (PIL; PIL's draft mode, which
 decodes a JPEG at 1/2, 1/4 or 1/8 of its size when that still covers the crop, so not photos of 500
-pixels, whose rows it leaves as PIL's; ``torchvision.io.decode_jpeg``) and DataLoader worker count. Each
+pixels, whose rows it leaves as PIL's; ``torchvision.io.decode_image``: :data:`dataferry.decode.DECODERS`) and DataLoader worker count. Each
 row is one epoch fed into an emulated accelerator (a :class:`~dataferry.feed.ComputeProfile`, so the
 figures do not depend on a GPU here): samples/s, accelerator utilisation (AU), the share of wall time
 the step waited for data, and the CPU count; decode milliseconds per sample are timed on one core
@@ -25,38 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dataferry.bench.decoders import augment, decode_ms
+from dataferry.decode import DECODERS
 from dataferry.lab.core import Lab
 from dataferry.lab.flowers import plan_flowers
 
-__all__ = ["DECODERS", "bench_train"]
+__all__ = ["bench_train"]
 
-DECODERS = ("pil", "pil-reduced", "torchvision")
-CROP = 224
 DECODED_SIZE = 256
-
-
-def _decoder(name: str) -> Callable[[bytes], Any]:
-    """Bytes -> an image the v2 transforms take: PIL (full size or draft mode), or a uint8 tensor."""
-    from dataferry.dataset import pil_loader
-
-    return {"pil": pil_loader, "pil-reduced": _pil_reduced, "torchvision": _tv_decode}[name]
-
-
-def _pil_reduced(data: bytes) -> Any:
-    import io
-
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        img.draft("RGB", (CROP, CROP))  # libjpeg's DCT scaling: 1/2, 1/4 or 1/8 while still >= the crop
-        return img.convert("RGB")
-
-
-def _tv_decode(data: bytes) -> Any:
-    import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
 
 
 def _load_path(decode: Callable[[bytes], Any], path: str) -> Any:
@@ -64,26 +40,13 @@ def _load_path(decode: Callable[[bytes], Any], path: str) -> Any:
     return decode(Path(path).read_bytes())
 
 
-def _transform() -> Any:
-    """The usual training augmentation, ending in a uint8 tensor (the model's step scales it)."""
-    import torch
-    from torchvision.transforms import v2
-
-    return v2.Compose([v2.ToImage(), v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip(),
-                       v2.ToDtype(torch.uint8)])
-
-
 def _decode_ms(folder: Path, decoder: Callable[[bytes], Any], n: int = 100) -> float:
     """Milliseconds per sample on one core: read from the page cache, decode, augment."""
     import random
 
     every = sorted(folder.rglob("*.jpg"))
-    tf, files = _transform(), random.Random(0).sample(every, min(n, len(every)))  # all classes, not the first
-    blobs = [f.read_bytes() for f in files]
-    t0 = time.perf_counter()
-    for data in blobs:
-        tf(decoder(data))
-    return (time.perf_counter() - t0) / len(blobs) * 1e3
+    files = random.Random(0).sample(every, min(n, len(every)))  # all classes, not the first
+    return decode_ms([f.read_bytes() for f in files], decoder, augment())
 
 
 def _epochs(dataset: Any, workers: int, batch: int, compute: Any, epochs: int = 1) -> list[Any]:
@@ -139,29 +102,29 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
             flowers.write_to(work / "local")
             client = lab.client()  # through the shaped link
             local = work / "local" / "flowers"
-            decode_ms = {d: _decode_ms(local, _decoder(d)) for d in DECODERS}
+            ms_per_sample = {d: _decode_ms(local, DECODERS[d]) for d in DECODERS}
             from torchvision.datasets import ImageFolder
 
             def row(reader: str, decoder: str, width: int, report: Any) -> None:
                 rows.append({"reader": reader, "decoder": decoder, "workers": width, "samples_per_s": report.samples_per_s,
                              "au": report.au, "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,
-                             "decode_ms_per_sample": decode_ms.get(decoder), "cpus": cpus})
+                             "decode_ms_per_sample": ms_per_sample.get(decoder), "cpus": cpus})
                 say(f"  {reader:18} {decoder:12} {width} workers: {report.samples_per_s:7.0f} samples/s, AU "
                     f"{report.au:4.0%}, waiting {report.wait_s / report.wall_s:4.0%}")
 
             for width in widths:
                 for decoder in DECODERS:
-                    ds = ImageFolder(local, transform=_transform(), loader=functools.partial(_load_path, _decoder(decoder)))
+                    ds = ImageFolder(local, transform=augment(), loader=functools.partial(_load_path, DECODERS[decoder]))
                     for report in _epochs(ds, width, batch, compute, 1 + repeats)[1:]:  # the first warms up
                         row("imagefolder-local", decoder, width, report)
                     cached = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-{decoder}"),
-                                               transform=_transform(), loader=_decoder(decoder))
+                                               transform=augment(), loader=DECODERS[decoder])
                     cold, *warm = _epochs(cached, width, batch, compute, 1 + repeats)
                     row("cache-cold", decoder, width, cold)
                     for report in warm:
                         row("cache-warm", decoder, width, report)
                 once = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-once"),
-                                         transform=_transform(), decode_once=DECODED_SIZE)
+                                         transform=augment(), decode_once=DECODED_SIZE)
                 cold, *warm = _epochs(once, width, batch, compute, 1 + repeats)
                 row("decode-once-cold", f"pil@{DECODED_SIZE}", width, cold)
                 for report in warm:
@@ -199,7 +162,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
         "machine": {"cpus": cpus, "torch_threads": 1}, "where": f"lab:{region}", "images": images, "batch": batch,
         "profile": {"name": profile, "samples_per_s": PROFILES[profile].samples_per_s,
                     "source": PROFILES[profile].source},
-        "decode_ms_per_sample": decode_ms, "rows": rows,
+        "decode_ms_per_sample": ms_per_sample, "rows": rows,
         "plain_read_files_per_s": plain_rates, "cold_epoch_files_per_s": cold_rates, "cold_epoch_workers": width,
         "decode_once_vs_jpeg_warm": median("decode-once-warm", f"pil@{DECODED_SIZE}", top) / median("cache-warm", "pil", top),
         "cold_epoch_vs_plain_read": statistics.median(cold_rates) / statistics.median(plain_rates),

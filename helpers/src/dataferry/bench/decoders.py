@@ -1,0 +1,131 @@
+"""After the cache: what decoding costs a training epoch, decoder by decoder, and what decode-once buys.
+
+Once the images are on local disk, a DataLoader worker spends its time decoding and augmenting them
+(see :mod:`dataferry.decode`). :func:`compare_decoders` stages a folder of images (``<class>/<file>.jpg``,
+as ``ImageFolder`` reads) into one cache, then runs the same training loop once per decoder: a
+:class:`~dataferry.CachedImageFolder` with that ``loader``, the usual augmentation (a random resized crop
+and a flip), a real ``DataLoader`` with ``workers`` processes, into ``compute`` (an emulated accelerator
+or a real model). Decode-once (:class:`~dataferry.decode.DecodedImages`) runs last: its first epoch
+decodes into the cache, later ones crop the decoded pixels. Each row is one epoch: samples/s, AU, the
+share of wall time the step waited for data, the cache state, and the decoder's milliseconds per image
+on one core (read from the page cache, decode, augment).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+from dataferry.cache import Cache
+from dataferry.decode import DECODERS, decode_image, pixels
+from dataferry.errors import BadArgument
+from dataferry.sources import Source
+
+__all__ = ["augment", "compare_decoders", "decode_ms", "decoder_gains"]
+
+
+def augment(crop: int = 224) -> Any:
+    """The usual training augmentation, for a PIL image or a uint8 tensor, ending in a uint8 tensor (the
+    model's step scales it): ``RandomResizedCrop(crop)``, then a random horizontal flip."""
+    import torch
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.ToImage(), v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip(),
+                       v2.ToDtype(torch.uint8)])
+
+
+def decode_ms(blobs: Sequence[bytes], decoder: Callable[[bytes], Any], transform: Callable[[Any], Any]) -> float:
+    """Milliseconds per image on this core: decode ``blobs`` (already in memory) with ``decoder``, then
+    ``transform``; one untimed pass first."""
+    for data in blobs[:4]:
+        transform(decoder(data))
+    t0 = time.perf_counter()
+    for data in blobs:
+        transform(decoder(data))
+    return (time.perf_counter() - t0) / len(blobs) * 1e3
+
+
+def _named(names: frozenset[str], name: str) -> bool:
+    return name in names
+
+
+def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any, *, workers: int, batch_size: int,
+                     epochs: int = 3, decoders: Sequence[str] = tuple(DECODERS), decode_once: int | None = 256,
+                     crop: int = 224, names: Collection[str] | None = None, seed: int = 0,
+                     say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """One training loop per decoder over the images of ``source`` (only ``names``, if given), all read from
+    one cache under ``work``, staged first. Returns a row per epoch (see the module's docstring). Epoch 1
+    of each decoder starts its workers; later epochs are what a long training run sees."""
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from dataferry.dataset import CachedImageFolder
+    from dataferry.feed import feed
+    from dataferry.stage import stage
+    from dataferry.timing import evict
+
+    unknown = [d for d in decoders if d not in DECODERS]
+    if unknown:
+        raise BadArgument(f"decoders={unknown}: choose from {', '.join(DECODERS)}")
+    if type(epochs) is not int or epochs < 1:
+        raise BadArgument(f"epochs={epochs!r}: give a whole number >= 1")
+    valid = functools.partial(_named, frozenset(names)) if names is not None else None
+    cache = Cache(Path(work) / "cache")
+    tf = augment(crop)
+    first = CachedImageFolder(source, cache, transform=tf, is_valid_file=valid)
+    staged = stage(source, cache, first.entries, progress=False)
+    say(f"{len(first)} images ({first.total_bytes / 1e6:.1f} MB) staged in {staged.seconds:.1f} s; "
+        f"{workers} workers, batch {batch_size}, {os.cpu_count()} CPUs")
+    blobs = [cache.read(source, first.entry(i)) for i in random.Random(seed).sample(range(len(first)), min(64, len(first)))]
+    runs: list[tuple[str, Any, str]] = [(d, CachedImageFolder(source, cache, transform=tf, loader=DECODERS[d],
+                                                              is_valid_file=valid), "") for d in decoders]
+    if decode_once:
+        once = CachedImageFolder(source, cache, transform=tf, is_valid_file=valid, decode_once=decode_once)
+        runs.append((f"decode-once@{decode_once}", once, "pixels"))
+    rows: list[dict[str, Any]] = []
+    for name, ds, kind in runs:
+        if kind:  # decode-once's per-image cost: crop the decoded pixels
+            ms = decode_ms([decode_image(data, decode_once) for data in blobs], functools.partial(pixels, size=decode_once), tf)
+        else:
+            ms = decode_ms(blobs, DECODERS[name], tf)
+        states: list[str] = []
+
+        def drop_page_cache(epoch: int, ds: Any = ds, kind: str = kind) -> None:
+            if kind and epoch == 1:
+                states.append("decoding into the cache")
+                return
+            files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if kind else
+                     [cache.path(source, e) for e in ds.entries])
+            dropped = evict(files).cache_state == "cold_verified"
+            states.append(f"cache warm, page cache {'dropped' if dropped else 'not fully dropped'}")
+
+        sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
+        loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                            persistent_workers=workers > 0)
+        for report in feed(loader, compute, epochs=epochs, before_epoch=drop_page_cache):
+            rows.append({"decoder": name, "epoch": report.epoch, "samples_per_s": report.samples_per_s, "au": report.au,
+                         "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,
+                         "cache_state": states[report.epoch - 1], "decode_ms_per_sample": ms, "workers": workers,
+                         "cpus": os.cpu_count(), "compute": compute.profile.name if hasattr(compute, "profile") else repr(compute)})
+            say(f"  {name:22} epoch {report.epoch}: {report.samples_per_s:6.0f} samples/s, AU {report.au:4.0%}, "
+                f"waiting {report.wait_s / report.wall_s:4.0%} ({states[report.epoch - 1]})")
+        del loader  # its workers go now, not at the next collection
+    return rows
+
+
+def decoder_gains(rows: Sequence[dict[str, Any]], baseline: str = "pil") -> dict[str, float]:
+    """Each decoder's samples/s after epoch 1 (median) over ``baseline``'s: what each fix buys."""
+    later: dict[str, list[float]] = {}
+    for r in rows:
+        if r["epoch"] > 1:
+            later.setdefault(r["decoder"], []).append(r["samples_per_s"])
+    if baseline not in later:
+        raise BadArgument(f"no epoch after the first of {baseline!r} in these rows: run epochs >= 2 with it")
+    base = statistics.median(later[baseline])
+    return {d: statistics.median(v) / base for d, v in later.items()}

@@ -47,6 +47,17 @@ def test_a_cache_folder_that_is_a_file_or_too_long_a_name_is_one_clear_error(tmp
         _one_line_error(_cli("cache", "inspect", str(root)))
 
 
+def test_min_free_bytes_larger_than_the_whole_disk_is_refused_before_anything_is_made(tmp_path):
+    """Such a cache could never hold a byte: every fill would stream, slowly and silently. Say so at once."""
+    import shutil
+
+    total = shutil.disk_usage(tmp_path).total
+    with pytest.raises(DataferryError, match=r"min_free_bytes=.* more than the whole disk") as e:
+        Cache(tmp_path / "c" / "deeper", min_free_bytes=total + 1)
+    assert isinstance(e.value, ValueError) and not (tmp_path / "c").exists()
+    Cache(tmp_path / "c", min_free_bytes=total // 2)  # less than the disk: fine, even if more than is free
+
+
 @pytest.mark.parametrize("value", ["inf", "nan", "-1"])
 def test_cli_budgets_that_are_not_byte_counts(tmp_path, value):
     (tmp_path / "src").mkdir()

@@ -101,3 +101,17 @@ def test_no_module_below_the_lab_imports_it():
             offenders += [f"{rel}:{node.lineno} imports {n}" for n in names
                           if n == "dataferry.lab" or n.startswith("dataferry.lab.")]
     assert not offenders, offenders
+
+
+def test_what_a_user_extends_the_package_with_is_exported_at_the_top():
+    """To write a Source, catch every dataferry error, filter the cache-full warning, or resume shards
+    mid-epoch, ``from dataferry import ...`` is enough; each name is the class its module defines."""
+    import dataferry
+    from dataferry.cache import CacheFullWarning
+    from dataferry.errors import DataferryError
+    from dataferry.shards import ShardLoader
+    from dataferry.sources import Source
+
+    for name, cls in {"Source": Source, "CacheFullWarning": CacheFullWarning, "ShardLoader": ShardLoader,
+                      "DataferryError": DataferryError}.items():
+        assert name in dataferry.__all__ and getattr(dataferry, name) is cls, name

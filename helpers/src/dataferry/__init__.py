@@ -42,11 +42,13 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Entry": "dataferry.sources", "LocalSource": "dataferry.sources", "GCSSource": "dataferry.sources",
-    "SourceError": "dataferry.sources",
+    "Source": "dataferry.sources", "Entry": "dataferry.sources", "LocalSource": "dataferry.sources",
+    "GCSSource": "dataferry.sources", "SourceError": "dataferry.sources",
     "Cache": "dataferry.cache", "CacheStats": "dataferry.cache", "ChecksumError": "dataferry.cache",
+    "CacheFullWarning": "dataferry.cache",
     "Prefetcher": "dataferry.stage", "StageReport": "dataferry.stage",
-    "CachedDataset": "dataferry.dataset", "CachedImageFolder": "dataferry.dataset", "ShardDataset": "dataferry.shards", "make_shards": "dataferry.shards",
+    "CachedDataset": "dataferry.dataset", "CachedImageFolder": "dataferry.dataset", "ShardDataset": "dataferry.shards", "ShardLoader": "dataferry.shards",
+    "make_shards": "dataferry.shards",
     "Checkpoints": "dataferry.checkpoints", "CheckpointError": "dataferry.checkpoints",
     "DataferryError": "dataferry.errors", "BadArgument": "dataferry.errors",
 }

@@ -14,6 +14,7 @@ on one core (read from the page cache, decode, augment).
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import random
 import statistics
@@ -88,12 +89,14 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     if decode_once:
         once = CachedImageFolder(source, cache, transform=tf, is_valid_file=valid, decode_once=decode_once)
         runs.append((f"decode-once@{decode_once}", once, "pixels"))
+    # Each decoder's cost on one core, timed before any worker process runs beside it.
+    ms_per_image = {name: decode_ms(blobs, DECODERS[name], tf) for name, _, kind in runs if not kind}
+    if decode_once:  # decode-once's per-image cost: crop the decoded pixels
+        ms_per_image[runs[-1][0]] = decode_ms([decode_image(data, decode_once) for data in blobs],
+                                              functools.partial(pixels, size=decode_once), tf)
     rows: list[dict[str, Any]] = []
     for name, ds, kind in runs:
-        if kind:  # decode-once's per-image cost: crop the decoded pixels
-            ms = decode_ms([decode_image(data, decode_once) for data in blobs], functools.partial(pixels, size=decode_once), tf)
-        else:
-            ms = decode_ms(blobs, DECODERS[name], tf)
+        ms = ms_per_image[name]
         states: list[str] = []
 
         def drop_page_cache(epoch: int, ds: Any = ds, kind: str = kind) -> None:
@@ -115,7 +118,8 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
                          "cpus": os.cpu_count(), "compute": compute.profile.name if hasattr(compute, "profile") else repr(compute)})
             say(f"  {name:22} epoch {report.epoch}: {report.samples_per_s:6.0f} samples/s, AU {report.au:4.0%}, "
                 f"waiting {report.wait_s / report.wall_s:4.0%} ({states[report.epoch - 1]})")
-        del loader  # its workers go now, not at the next collection
+        del loader
+        gc.collect()  # its workers go now, not while the next decoder runs
     return rows
 
 

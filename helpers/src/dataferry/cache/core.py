@@ -9,6 +9,7 @@ import fcntl
 import io
 import math
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -82,6 +83,22 @@ def _read_all(fd: int, size: int) -> bytes:
     return b"".join(parts)
 
 
+def _refuse_more_than_the_disk(root: Path, min_free_bytes: int) -> None:
+    """A ``min_free_bytes`` over the size of the disk ``root`` is on (measured at its nearest existing
+    folder, before anything is made) leaves no room for any fill: refuse it."""
+    for folder in (root, *root.parents):
+        try:
+            total = shutil.disk_usage(folder).total
+            break
+        except OSError:  # not there yet, or a bad path that lay_out explains
+            continue
+    else:
+        return
+    if min_free_bytes > total:
+        raise BadArgument(f"min_free_bytes={min_free_bytes} is more than the whole disk of {root} ({total} bytes): "
+                          "the cache could never keep a file; give less (the default keeps 1 GiB free)")
+
+
 class Cache(Filling, BulkFilling, Budget, Recovery):
     """A local cache folder of verified objects, with an optional byte budget and LRU eviction.
 
@@ -111,6 +128,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
             raise BadArgument(f"retry_deadline_s={retry_deadline_s!r}: give a number of seconds > 0")
         self.max_refetches = max_refetches
         self.retry_deadline_s = retry_deadline_s
+        _refuse_more_than_the_disk(self.root, self.min_free_bytes)
         lay_out(self.root)
         self._init_process_state()
         try:

@@ -113,16 +113,20 @@ class _Gated(LocalSource):
                 self.running -= 1
 
 
+def _gated_folder(tmp_path, files: int, slow: str):
+    """A :class:`_Gated` folder of ``files`` small objects, its entries in name order, and an empty cache."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(files):
+        (root / f"{i:02d}.bin").write_bytes(b"x" * 100)
+    source = _Gated(root, slow=slow)
+    return source, sorted(source.list(), key=lambda e: e.name), Cache(tmp_path / "c")
+
+
 def test_prefetcher_keeps_width_fills_going_past_a_slow_one_while_the_reader_waits(tmp_path):
     """One slow object holds one of ``width`` slots: the others keep filling up to ``ahead``
     past the reader, without the reader moving, and never more than ``width`` at once."""
-    root = tmp_path / "src"
-    root.mkdir()
-    for i in range(40):
-        (root / f"{i:02d}.bin").write_bytes(b"x" * 100)
-    source = _Gated(root, slow="00.bin")
-    order = sorted(source.list(), key=lambda e: e.name)
-    cache = Cache(tmp_path / "c")
+    source, order, cache = _gated_folder(tmp_path, 40, slow="00.bin")
     with Prefetcher(source, cache, order, ahead=24, width=3) as pf:
         deadline = time.monotonic() + 30
         while sum(cache.contains(source, e) for e in order[1:24]) < 23 and time.monotonic() < deadline:
@@ -139,13 +143,7 @@ def test_the_prefetcher_reads_a_folder_32_at_once_as_documented(tmp_path):
     ``DEFAULT_WORKERS`` (32) fills at once, and that many really run (a pool of 8 threads once capped it)."""
     from dataferry.stage import DEFAULT_WORKERS
 
-    root = tmp_path / "src"
-    root.mkdir()
-    for i in range(64):
-        (root / f"{i:02d}.bin").write_bytes(b"x" * 100)
-    source = _Gated(root, slow="none")
-    order = sorted(source.list(), key=lambda e: e.name)
-    cache = Cache(tmp_path / "c")
+    source, order, cache = _gated_folder(tmp_path, 64, slow="none")
     source.pause = 0.1  # a folder 100 ms away, as a mounted Drive is
     with Prefetcher(source, cache, order) as pf:
         pf.advance(0)

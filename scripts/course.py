@@ -48,6 +48,20 @@ def hide_injected_cell(executed: Path) -> None:
     executed.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
+def _ipc_kernel_manager() -> type:
+    """A kernel manager whose kernel talks over local sockets (IPC) rather than TCP on loopback: nothing
+    listens on a port, and ipykernel has no "running over TCP without encryption" warning to print."""
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IPCKernelManager(AsyncKernelManager):
+        transport = "ipc"
+        ip = str(Path(tempfile.gettempdir()) / f"dataferry-kernel-{os.getpid()}")  # socket files, removed at the end
+
+    return IPCKernelManager
+
+
 def execute(out: Path, ci: bool, only: list[str] | None = None) -> list[Path]:
     import papermill
 
@@ -59,7 +73,8 @@ def execute(out: Path, ci: bool, only: list[str] | None = None) -> list[Path]:
         print(f"[{i}/{len(todo)}] {nb.stem} ...", end=" ", flush=True)
         t0 = time.monotonic()
         papermill.execute_notebook(str(nb), str(target), parameters=parameters_for(nb, ci, out),
-                                   cwd=str(ROOT / "notebooks"), kernel_name="python3", progress_bar=False)
+                                   cwd=str(ROOT / "notebooks"), kernel_name="python3", progress_bar=False,
+                                   kernel_manager_class=_ipc_kernel_manager())
         hide_injected_cell(target)
         print(f"{time.monotonic() - t0:.0f} s", flush=True)
         done.append(target)

@@ -269,7 +269,7 @@ def test_connection_resets_are_retried_resumed_and_bytes_stay_right(lab, lab_env
         lab.toxiproxy.add_toxic("gcs", toxic)
     try:
         cache = Cache(tmp_path / "c", retry_deadline_s=60)
-        report = stage(source, cache, entries, workers=4, progress=False)
+        report = stage(source, cache, entries, in_flight=4, progress=False)
     finally:
         for toxic in faults:
             lab.toxiproxy.remove_toxic("gcs", toxic["name"])

@@ -63,6 +63,17 @@ def test_lesson_is_well_formed(path):
         assert not COLAB_IMPORT.search(_source(cell)), "google.colab is imported only inside the helpers"
 
 
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_a_measuring_lesson_defaults_to_at_least_five_repetitions(path):
+    """The course's own rule: a median of fewer than 5 runs says little. Run time is kept in check by the
+    size of the data, never by the number of repetitions."""
+    params = next(_source(c) for c in json.loads(path.read_text())["cells"]
+                  if "parameters" in c.get("metadata", {}).get("tags", []))
+    repeats = re.search(r"^REPEATS = (\d+)", params, re.M)
+    if repeats:
+        assert int(repeats.group(1)) >= 5, f"{path.stem}: REPEATS = {repeats.group(1)}"
+
+
 def test_install_url_badges_and_readme_agree():
     """The repository URL lives in pyproject.toml; the installed package, README and badges agree with it."""
     from dataferry.course import repository
@@ -94,6 +105,7 @@ def course(tmp_path_factory):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "--ci", "--out", str(out)],
                           capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (out / "course.log").write_text(proc.stdout + proc.stderr)
     return out, proc.stdout
 
 
@@ -106,6 +118,16 @@ def test_every_lesson_executes_under_ci_parameters(course):
         assert any(c.get("outputs") for c in executed["cells"] if c["cell_type"] == "code")
         assert f"{path.stem} ..." in stdout, "progress names each lesson"
     assert "lab stopped" in stdout and "the book:" in stdout
+
+
+def test_make_course_prints_no_kernel_warning_and_says_the_folders_were_passed_in(course):
+    """`make course` passes every lesson its folders, so no lesson prints "(your home folder)"; its kernels
+    talk over local sockets, so ipykernel has no TCP-without-encryption warning to print once a lesson."""
+    out, _ = course
+    assert "Kernel is running over TCP" not in (out / "course.log").read_text()
+    for path in LESSONS:
+        executed = (out / "notebooks" / path.name).read_text()
+        assert "your home folder" not in executed and "both as passed in" in executed, path.name
 
 
 # A number in prose: digits not glued to a word ("CRC32C", "l04"), with an optional decimal part.

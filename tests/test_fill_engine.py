@@ -105,7 +105,7 @@ def test_staging_a_bucket_keeps_its_downloads_on_a_few_threads(lab, lab_env, lab
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        report = stage(source, Cache(tmp_path / "c", min_free_bytes=0), entries, workers=64, progress=False)
+        report = stage(source, Cache(tmp_path / "c", min_free_bytes=0), entries, in_flight=64, progress=False)
     finally:
         stop.set()
         watcher.join()

@@ -27,7 +27,7 @@ def dataset(lab_env, lab_bucket):
 
 def test_stage_reports_and_progress(dataset, tmp_path, capsys):
     ds, source = dataset
-    report = stage(source, Cache(tmp_path / "c"), workers=8, progress=True)
+    report = stage(source, Cache(tmp_path / "c"), in_flight=8, progress=True)
     assert (report.files, report.fetched, report.already_cached) == (48, 48, 0)
     assert report.bytes_fetched == report.bytes_total == 48 * 30_000 and report.MBps > 0
     captured = capsys.readouterr()
@@ -35,6 +35,34 @@ def test_stage_reports_and_progress(dataset, tmp_path, capsys):
     assert "staging gs://" in captured.err, "a tqdm progress bar was shown"
     again = stage(source, Cache(tmp_path / "c"), names=list(ds.sizes)[:5], progress=False)
     assert (again.files, again.fetched, again.already_cached) == (5, 0, 5)
+
+
+def test_a_bucket_width_says_downloads_in_flight_and_workers_below_the_default_is_questioned(dataset, tmp_path):
+    """``stage(source, cache, workers=32)`` reads as "32 threads" but capped a bucket at 32 downloads in flight
+    (the default is 256, on one thread): it still does what it says, with a warning that names ``in_flight``.
+    ``in_flight`` is the width for any source (downloads in flight on a bucket, threads on a folder)."""
+    import warnings
+
+    from dataferry.errors import BadArgument
+    from dataferry.stage import BUCKET_IN_FLIGHT
+
+    ds, source = dataset
+    with pytest.warns(UserWarning, match=rf"workers=32\) caps .* at 32 downloads in flight.*default is {BUCKET_IN_FLIGHT}.*in_flight=32"):
+        report = stage(source, Cache(tmp_path / "a"), workers=32, progress=False)
+    assert report.fetched == 48
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stage(source, Cache(tmp_path / "b"), in_flight=4, progress=False).fetched == 48
+        folder = tmp_path / "folder"
+        folder.mkdir()
+        (folder / "x.bin").write_bytes(b"x")
+        assert stage(LocalSource(folder), Cache(tmp_path / "f"), workers=4, progress=False).fetched == 1, \
+            "on a folder, workers are threads: nothing to question"
+    for bad in (0, -1, 2.5, "8"):
+        with pytest.raises(BadArgument, match="in_flight="):
+            stage(source, Cache(tmp_path / "c"), in_flight=bad, progress=False)
+    with pytest.raises(BadArgument, match="not both"):
+        stage(source, Cache(tmp_path / "c"), workers=4, in_flight=4, progress=False)
 
 
 def test_stage_lists_failures_without_stopping(dataset, tmp_path):
@@ -248,9 +276,12 @@ def _cli(*args):
 def test_cli_stage_and_cache_commands(dataset, tmp_path):
     ds, source = dataset
     root = str(tmp_path / "c")
-    proc = _cli("stage", f"gs://{source.bucket}/{source.prefix}", "--cache", root, "--workers", "4")
+    proc = _cli("stage", f"gs://{source.bucket}/{source.prefix}", "--cache", root, "--in-flight", "4")
     assert proc.returncode == 0, proc.stderr
-    assert "staged 48 files: 48 downloaded" in proc.stdout
+    assert "staged 48 files: 48 downloaded" in proc.stdout and "warning" not in proc.stderr.lower()
+    old_name = _cli("stage", f"gs://{source.bucket}/{source.prefix}", "--cache", str(tmp_path / "w"), "--workers", "4")
+    assert old_name.returncode == 0 and "caps" in old_name.stderr and "in_flight=4" in old_name.stderr, old_name.stderr
+    assert "Traceback" not in old_name.stderr
     inspect = _cli("cache", "inspect", root).stdout
     assert "48 entries" in inspect and f"gs://{source.bucket}/{source.prefix}: 48 objects, 1.4 MB" in inspect
     assert _cli("cache", "verify", root).returncode == 0
@@ -294,7 +325,7 @@ def test_a_stage_larger_than_the_cache_says_what_is_left_and_what_was_evicted(da
         source = LocalSource(root)
     names = sorted(e.name for e in source.list())[:16]
     cache = Cache(tmp_path / "c", min_free_bytes=0, max_bytes=4 * 30_000)
-    report = stage(source, cache, names=names, workers=1, progress=False)  # one at a time: each fill finds room
+    report = stage(source, cache, names=names, in_flight=1, progress=False)  # one at a time: each fill finds room
     assert (report.fetched, report.failures) == (16, [])
     assert report.kept == 4 and report.evicted == 12, report
     assert report.kept == sum(cache.contains(source, source.stat(n)) for n in names)

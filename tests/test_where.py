@@ -84,6 +84,18 @@ def test_results_go_home_off_colab_never_relative_to_the_notebook(outside, monke
     assert course_home() == (tmp_path / "elsewhere", "$DATAFERRY_HOME")
 
 
+def test_the_lesson_says_why_its_folders_are_where_they_are_only_for_those_it_chose(outside, monkeypatch, tmp_path):
+    """Folders passed in (papermill, ``make course``) are the caller's choice: the lesson says so, and names
+    its home folder's reason only for a folder that follows it."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    chosen = Course("03_gcs_client", "lab").describe()
+    assert "(your home folder)" in chosen and "as passed in" not in chosen
+    both = Course("03_gcs_client", "lab", str(tmp_path / "r"), str(tmp_path / "f")).describe()
+    assert "home folder" not in both and "both as passed in" in both, both
+    one = Course("03_gcs_client", "lab", str(tmp_path / "r")).describe()
+    assert "RESULTS_DIR as passed in" in one and "figures under" in one and "your home folder" in one, one
+
+
 def test_in_colab_results_go_to_a_writable_drive_else_to_content_with_a_download(colab, tmp_path):
     home, why = course_home()
     assert home == tmp_path / "content" / "dataferry" and "deleted at disconnect" in why

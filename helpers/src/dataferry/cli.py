@@ -135,7 +135,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from dataferry.stage import stage
 
     cache = Cache(args.cache, max_bytes=args.max_bytes, min_free_bytes=args.min_free_bytes)
-    report = stage(from_uri(args.source), cache, workers=args.workers, rank=args.rank, world_size=args.world_size)
+    report = stage(from_uri(args.source), cache, workers=args.workers, rank=args.rank, world_size=args.world_size,
+                   in_flight=args.in_flight)
     return 1 if report.failures else 0
 
 
@@ -307,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stage", help="copy a bucket prefix or folder into a local cache, in parallel")
     st.add_argument("source", help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
     st.add_argument("--cache", required=True, help="cache folder")
-    st.add_argument("--workers", type=int, default=None, help="fills at once (default: 256 from a bucket, 32 threads on a folder)")
+    st.add_argument("--in-flight", type=int, default=None,
+                    help="fills at once: downloads in flight from a bucket (default 256), threads on a folder (default 32)")
+    st.add_argument("--workers", type=int, default=None, help="the older name of --in-flight")
     st.add_argument("--max-bytes", type=float, help="cache budget in bytes")
     st.add_argument("--min-free-bytes", type=float, default=DEFAULT_MIN_FREE_BYTES,
                     help=f"bytes the cache keeps free on its disk (default {DEFAULT_MIN_FREE_BYTES:,})")

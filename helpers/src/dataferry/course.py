@@ -212,6 +212,7 @@ class Course:
         self.colab = in_colab()
         home, self.home_reason = course_home()
         self.home = home
+        self._passed_in = [name for name, folder in (("RESULTS_DIR", results_dir), ("FIGURES_DIR", figures_dir)) if folder]
         self.results_dir = Path(results_dir).expanduser().absolute() if results_dir else home / "results"
         self.figures_dir = Path(figures_dir).expanduser().absolute() if figures_dir else home / "figures"
         self.results_dir.mkdir(parents=True, exist_ok=True)
@@ -292,8 +293,15 @@ class Course:
                  "mine": "your own bucket, with your credentials"}[self.where]
         region = ("\nregion: the GCE metadata server's zone, else a geo-IP lookup of this runtime's public address "
                   f"({IP_LOOKUP_URL}), else unknown" if self.colab and self.where != "lab" else "")
+        if len(self._passed_in) == 2:
+            why = "both as passed in"
+        elif self._passed_in:
+            other = "figures" if self._passed_in[0] == "RESULTS_DIR" else "results"
+            why = f"{self._passed_in[0]} as passed in; {other} under {self.home}: {self.home_reason}"
+        else:
+            why = self.home_reason
         return (f"WHERE = {self.where!r}: this run reads {reads}.\n"
-                f"results -> {self.results_dir}, figures -> {self.figures_dir} ({self.home_reason})" + region)
+                f"results -> {self.results_dir}, figures -> {self.figures_dir} ({why})" + region)
 
     def __repr__(self) -> str:
         return f"Course({self.lesson!r}, where={self.where!r}, home={str(self.home)!r})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -29,6 +30,24 @@ BUCKET_IN_FLIGHT = 256  # a bucket's downloads in flight at once: coroutines on 
 def width_for(source: Source) -> int:
     """How many fills :func:`stage` runs at once by default for ``source``."""
     return BUCKET_IN_FLIGHT if fetches_async(source) else DEFAULT_WORKERS
+
+
+def _width(source: Source, workers: int | None, in_flight: int | None) -> int:
+    """How many fills :func:`stage` runs at once: ``in_flight``, or the older ``workers`` (questioned when it
+    caps a bucket below its default), or :func:`width_for` the source."""
+    if workers is not None and in_flight is not None:
+        raise BadArgument(f"workers={workers!r} and in_flight={in_flight!r}: give in_flight, not both")
+    name, width = ("workers", workers) if workers is not None else ("in_flight", in_flight)
+    if width is None:
+        return width_for(source)
+    if type(width) is not int or width < 1:
+        raise BadArgument(f"in_flight={width!r}: give a whole number >= 1 of fills at once "
+                          f"(default {width_for(source)} for {source.uri})")
+    if name == "workers" and fetches_async(source) and width < BUCKET_IN_FLIGHT:
+        warnings.warn(f"stage(workers={width}) caps {source.uri} at {width} downloads in flight; a bucket's "
+                      f"default is {BUCKET_IN_FLIGHT}, as coroutines on one thread, not threads. Leave it out for the "
+                      f"default, or pass in_flight={width} if a cap is what you want", UserWarning, stacklevel=3)
+    return width
 
 
 def shard_of(name: str, world_size: int) -> int:
@@ -79,17 +98,22 @@ def stage(
     progress: bool = True,
     rank: int = 0,
     world_size: int = 1,
+    *,
+    in_flight: int | None = None,
 ) -> StageReport:
-    """Fill ``cache`` with every object of ``source`` (or ``names``), ``workers`` at a time
+    """Fill ``cache`` with every object of ``source`` (or ``names``), ``in_flight`` at a time
     (default :func:`width_for`: 256 downloads in flight from a bucket, 32 threads on a folder).
 
     A bucket's objects are downloaded as coroutines on one thread (large ones in parallel byte
-    ranges), a folder's by ``workers`` threads. The listing streams, so downloads start with the
+    ranges), a folder's by ``in_flight`` threads. The listing streams, so downloads start with the
     first page. Objects already cached are skipped. Failures do not stop the others; they are listed in the report. With
     ``world_size`` > 1, this call stages only the objects whose :func:`shard_of` is ``rank``.
+    ``workers`` is the older name of ``in_flight``: below the default on a bucket it warns, since a
+    thread count there (``workers=32``) caps the downloads in flight, which was never the point.
     """
     if not 0 <= rank < world_size:
         raise BadArgument(f"rank must be in [0, {world_size}), got {rank}")
+    width = _width(source, workers, in_flight)
     items = _listed(source) if names is None else names
     if world_size > 1:
         items = (item for item in items
@@ -99,7 +123,7 @@ def stage(
     evictions = cache.stats().evictions
     t0 = time.perf_counter()
     with progress_bar(progress, desc=f"staging {source.uri}", unit="file", dynamic_ncols=True) as bar:
-        for filled in cache.fill_many(source, items, width=workers or width_for(source)):
+        for filled in cache.fill_many(source, items, width=width):
             if filled.error is not None:
                 report.failures.append((filled.name, f"{filled.error.__class__.__name__}: {filled.error}"))
             else:

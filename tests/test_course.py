@@ -64,6 +64,19 @@ def test_lesson_is_well_formed(path):
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_every_lesson_ends_with_the_pages_that_say_what_to_do(path):
+    """A learner at the end of any lesson finds the decision page and the troubleshooting page, by links that
+    work in Colab (on GitHub) and that point at pages the book has."""
+    cells = json.loads(path.read_text())["cells"]
+    assert all(cell.get("id") for cell in cells), f"{path.stem}: a cell without an id (nbformat 4.5 wants one)"
+    last = cells[-1]
+    assert last["cell_type"] == "markdown", path.stem
+    for page in ("what_to_do", "troubleshooting"):
+        assert f"{REPO}/blob/main/book/{page}.md" in _source(last), (path.stem, page)
+        assert (ROOT / "book" / f"{page}.md").is_file() and f"file: {page}" in (ROOT / "book" / "_toc.yml").read_text()
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_a_measuring_lesson_defaults_to_at_least_five_repetitions(path):
     """The course's own rule: a median of fewer than 5 runs says little. Run time is kept in check by the
     size of the data, never by the number of repetitions."""
@@ -239,7 +252,8 @@ def test_the_results_page_says_what_lesson_07_concluded(course):
 def test_book_pages_load_with_their_figures_in_chromium(course):
     out, _ = course
     html = out / "book" / "_build" / "html"
-    pages = [html / "intro.html", html / "method.html", html / "results.html"] + \
+    pages = [html / "intro.html", html / "method.html", html / "results.html", html / "what_to_do.html",
+             html / "troubleshooting.html"] + \
             [html / "notebooks" / f"{p.stem}.html" for p in LESSONS]
     for page in pages:
         assert page.exists(), page

@@ -138,7 +138,8 @@ def test_every_error_class_has_the_one_root():
     import dataferry.shards as shards
     import dataferry.sources as sources
 
-    classes = [cache_errors.ChecksumError, cache_errors.CacheFolderError, cache_errors.FillTimeout,
+    classes = [cache_errors.ChecksumError, cache_errors.DamagedAtSource, cache_errors.DamagedOnDisk,
+               cache_errors.CacheFolderError, cache_errors.FillTimeout,
                checkpoints.CheckpointError, lab_errors.LabError, mounts.MountError, mounts.NotInColab,
                shards.ShardFormatError, sources.SourceError, sources.NotFoundAtSource, sources.NoCredentials]
     assert [c.__name__ for c in classes if not issubclass(c, DataferryError)] == []

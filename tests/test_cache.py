@@ -377,3 +377,33 @@ def test_missing_bucket_and_folder_are_clear(lab_env, tmp_path):
         list(LocalSource(tmp_path / "nope").list())
     with pytest.raises(ValueError, match="give the bare name"):
         GCSSource("gs://bucket/prefix")
+
+
+def test_a_disk_that_returns_damaged_bytes_is_a_local_disk_error_and_never_served(tmp_path, monkeypatch):
+    """A disk that reads back other bytes than were written (it cannot be made to fail here, so the
+    cache's one read of a cached file, ``core._read_all``, flips a byte as such a disk would): a verified read
+    checks even what it filled a moment ago, never returns the damaged bytes, and after its refetches says
+    the local disk is at fault: a ``DamagedOnDisk``, an ``OSError`` like every cache-folder error, not a
+    ``SourceError``. Bytes damaged in every download stay a ``DamagedAtSource``, a ``SourceError``."""
+    import dataferry.cache.core as core
+    from dataferry.cache import ChecksumError, DamagedAtSource, DamagedOnDisk
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.bin").write_bytes(b"good bytes " * 1000)
+    source = LocalSource(tmp_path / "src")
+    cache = Cache(tmp_path / "c")
+    real = core._read_all
+
+    def rotten(fd, size):
+        data = bytearray(real(fd, size))
+        data[3] ^= 0x01
+        return bytes(data)
+
+    monkeypatch.setattr(core, "_read_all", rotten)
+    with pytest.raises(DamagedOnDisk, match="a.bin.*local disk") as e:
+        cache.read_verified(source, "a.bin")
+    assert isinstance(e.value, (ChecksumError, OSError)) and not isinstance(e.value, SourceError)
+    assert cache.stats().refetches == cache.max_refetches + 1, "each damaged read-back dropped, none served"
+    monkeypatch.setattr(core, "_read_all", real)
+    assert cache.read_verified(source, "a.bin") == b"good bytes " * 1000, "a sound disk reads it again"
+    assert issubclass(DamagedAtSource, SourceError) and issubclass(DamagedAtSource, ChecksumError)

@@ -22,8 +22,9 @@ face; one idea per module behind it:
 
 from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES, Refusal
 from dataferry.cache.core import Cache, CacheStats
-from dataferry.cache.errors import CacheFolderError, CacheFullWarning, CacheIndexWarning, ChecksumError, FillTimeout
+from dataferry.cache.errors import (CacheFolderError, CacheFullWarning, CacheIndexWarning, ChecksumError, DamagedAtSource,
+                                    DamagedOnDisk, FillTimeout)
 from dataferry.cache.recovery import VerifyReport
 
-__all__ = ["Cache", "CacheStats", "VerifyReport", "ChecksumError", "CacheFullWarning", "CacheIndexWarning", "CacheFolderError",
+__all__ = ["Cache", "CacheStats", "VerifyReport", "ChecksumError", "DamagedAtSource", "DamagedOnDisk", "CacheFullWarning", "CacheIndexWarning", "CacheFolderError",
            "FillTimeout", "Refusal", "DEFAULT_MIN_FREE_BYTES"]

@@ -24,7 +24,7 @@ import google_crc32c
 from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES, Budget
 from dataferry.cache.checksum import b64
 from dataferry.cache.bulk import BulkFilling
-from dataferry.cache.errors import CacheFolderError, ChecksumError
+from dataferry.cache.errors import CacheFolderError, DamagedOnDisk
 from dataferry.cache.fill import Filling
 from dataferry.cache.index import FLUSH_EVERY, FLUSH_S, IndexWriter, connect, create, damaged
 from dataferry.cache.layout import CHUNK, lay_out, printable
@@ -264,10 +264,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
             return action(source, source.stat(item))
 
     def _read(self, source: Source, entry: Entry) -> bytes:
-        return self._read_and_say(source, entry)[0]
-
-    def _read_and_say(self, source: Source, entry: Entry) -> tuple[bytes, bool]:
-        """The bytes, and whether they were filled for this read (checked by that fill a moment ago)."""
+        """The cached copy's bytes, filled first on a miss; a copy of the wrong size is dropped and filled again."""
         key = self.key(source, entry)
         path = self._object_path(key)
         hit = True
@@ -277,7 +274,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
             except FileNotFoundError:
                 hit = False
                 if self.fill(source, entry) < 0:
-                    return self._stream(source, entry), True  # checked as it streamed
+                    return self._stream(source, entry)  # checked as it streamed
                 continue
             # No lock needed: eviction only unlinks, and an open descriptor still reads every byte.
             try:
@@ -289,11 +286,13 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
                     self._stats.hits += hit
                     self._stats.bytes_from_cache += len(data)
                 self._touch(key)
-                return data, not hit
+                return data
             self._discard(key)
             self._count(refetches=1)
             hit = False
-        raise ChecksumError(f"{where(source, printable(entry.name))}: the cached copy keeps coming back damaged")
+        raise DamagedOnDisk(f"{where(source, printable(entry.name))}: the cached copy kept coming back the wrong size "
+                            f"({self.max_refetches + 3} times): the local disk under {self.root} is failing; use a "
+                            "cache folder on another disk")
 
     def read_verified(self, source: Source, item: Entry | str) -> bytes:
         """:meth:`read`, with the bytes checked against the object's CRC32C (the source's, or the one
@@ -302,17 +301,21 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         return self._by_name(source, item, self._read_verified)
 
     def _read_verified(self, source: Source, entry: Entry) -> bytes:
+        """Every read back is checked, even of a copy filled a moment ago: the fill checked the bytes it
+        received, and a failing disk can still return others."""
         key = self.key(source, entry)
         for _ in range(self.max_refetches + 1):
-            data, just_filled = self._read_and_say(source, entry)
-            if just_filled:  # the fill checked size and CRC32C as the bytes arrived
-                return data
-            expected = entry.crc32c or self._stored_crc(key)
+            data = self._read(source, entry)
+            filled = getattr(self._local, "filled", None)
+            self._local.filled = None
+            expected = entry.crc32c or (filled[1] if filled and filled[0] == key else None) or self._stored_crc(key)
             if expected is None or b64(google_crc32c.value(data)) == expected:
                 return data
             self._discard(key)
             self._count(refetches=1)
-        raise ChecksumError(f"{where(source, printable(entry.name))}: the cached copy keeps coming back damaged")
+        raise DamagedOnDisk(f"{where(source, printable(entry.name))}: the cached copy kept reading back other bytes "
+                            f"than were written and checked ({self.max_refetches + 1} times): the local disk under "
+                            f"{self.root} is failing; use a cache folder on another disk")
 
     def _stored_crc(self, key: str) -> str | None:
         """The CRC32C computed when ``key`` was filled: one query, and a wait for this process's pending

@@ -1,5 +1,6 @@
 """What goes wrong with a cache, as exceptions callers already catch (``OSError``, ``TimeoutError``,
-``SourceError``) and the warning a streamed read gives."""
+``SourceError``) and the warning a streamed read gives. A fault of the cache's own disk is never a
+``SourceError``: it is retried by nobody as if the network had failed."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ import errno
 from dataferry.errors import DataferryError
 from dataferry.sources import SourceError
 
-__all__ = ["ChecksumError", "CacheFolderError", "CacheFullWarning", "CacheIndexWarning", "FillTimeout"]
+__all__ = ["ChecksumError", "DamagedAtSource", "DamagedOnDisk", "CacheFolderError", "CacheFullWarning",
+           "CacheIndexWarning", "FillTimeout"]
 
 
-class ChecksumError(SourceError):
-    """An object's bytes did not match its checksum, every time it was downloaded."""
+class ChecksumError(DataferryError, RuntimeError):
+    """An object's bytes did not match their CRC32C, every time: at the source (:class:`DamagedAtSource`) or
+    on the cache's own disk (:class:`DamagedOnDisk`). Catch this for either."""
+
+
+class DamagedAtSource(ChecksumError, SourceError):
+    """The bytes did not match their checksum in every download: the object or the connection is damaged."""
 
 
 class CacheFolderError(DataferryError, OSError):
@@ -38,6 +45,11 @@ class CacheFolderError(DataferryError, OSError):
         """A write to the cache's disk that failed with ``e`` (its errno kept: a full disk stays one)."""
         return cls(e.errno, f"writing to the cache's disk failed ({e.strerror}): check the disk, or use a "
                             "cache folder on another one")
+
+
+class DamagedOnDisk(ChecksumError, CacheFolderError):
+    """The cached copy kept reading back other bytes than were written and checked: the cache's disk is at
+    fault, not the source."""
 
 
 class CacheFullWarning(UserWarning):

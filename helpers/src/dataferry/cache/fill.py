@@ -25,7 +25,7 @@ from google.api_core.exceptions import RetryError
 
 from dataferry import aio
 from dataferry.cache.checksum import b64
-from dataferry.cache.errors import CacheFolderError, CacheFullWarning, ChecksumError, FillTimeout
+from dataferry.cache.errors import CacheFolderError, CacheFullWarning, DamagedAtSource, FillTimeout
 from dataferry.cache.layout import printable
 from dataferry.sources import Attempts, Entry, Source, SourceError, fetches_async, is_transient, retry_policy, where
 
@@ -89,8 +89,8 @@ def damage(entry: Entry, n: int, crc: str) -> str:
     return ""
 
 
-def damaged(name: str, why: str, downloads: int) -> ChecksumError:
-    return ChecksumError(f"{name}: {why} after {downloads} downloads; the object or the connection is damaged. "
+def damaged(name: str, why: str, downloads: int) -> DamagedAtSource:
+    return DamagedAtSource(f"{name}: {why} after {downloads} downloads; the object or the connection is damaged. "
                          "Nothing was cached.")
 
 
@@ -173,6 +173,7 @@ class Filling:
                 os.unlink(tmp)
             raise
         self._index.ready(crc, time.time(), key)
+        self._local.filled = (key, crc)  # what this thread's verified read checks the copy against, index or not
         self._count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
         return entry.size
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from dataferry.cache import Cache, ChecksumError
+from dataferry.cache import Cache, DamagedAtSource
 from dataferry.shards.make import INDEX, read_index
 from dataferry.shards.tar import ShardFormatError, samples
 from dataferry.sources import Entry, EntryTable, Source
@@ -223,8 +223,8 @@ class _WorkerEpoch:
         entry = self.mine[position]
         try:
             data = self.ds.cache.read_verified(self.ds.source, entry)
-        except ChecksumError as e:
-            raise ChecksumError(f"shard {entry.name} does not match the CRC32C {entry.crc32c} recorded for it "
+        except DamagedAtSource as e:  # a disk at fault (DamagedOnDisk) says so itself
+            raise DamagedAtSource(f"shard {entry.name} does not match the CRC32C {entry.crc32c} recorded for it "
                                 f"(in its {INDEX} when indexed), after {self.ds.cache.max_refetches + 1} downloads: "
                                 f"it was damaged or changed at the source since; remake the shards ({e})") from None
         self.ds.cache.demote(self.ds.source, [entry])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -596,10 +597,11 @@ def test_stage_waits_for_room_held_by_readers_and_names_the_limit_that_stops_it(
     assert 0.9 < time.monotonic() - t0 < 8, "it waited for the reader, and no longer"
     readers[1].close()
 
-    strict = Cache(tmp_path / "c2", min_free_bytes=10**15)
+    whole_disk = shutil.disk_usage(tmp_path).total  # the most it takes; always more than is free
+    strict = Cache(tmp_path / "c2", min_free_bytes=whole_disk)
     report = stage(source, strict, ["a.bin"], progress=False)
     assert len(report.failures) == 1
-    assert "min_free_bytes=1000000000000000 would be crossed" in report.failures[0][1]
+    assert f"min_free_bytes={whole_disk} would be crossed" in report.failures[0][1]
     report = stage(source, Cache(tmp_path / "c3", max_bytes=5_000, min_free_bytes=0), ["a.bin"], progress=False)
     assert "larger than the whole budget (max_bytes=5000)" in report.failures[0][1]
 

@@ -13,6 +13,7 @@ on one core (read from the page cache, decode, augment).
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import os
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dataferry.cache import Cache
-from dataferry.decode import DECODERS, decode_image, pixels
+from dataferry.decode import DECODERS, DecodedImages, decode_image, pixels
 from dataferry.errors import BadArgument
 from dataferry.sources import Source
 
@@ -79,31 +80,34 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     valid = functools.partial(_named, frozenset(names)) if names is not None else None
     cache = Cache(Path(work) / "cache")
     tf = augment(crop)
-    first = CachedImageFolder(source, cache, transform=tf, is_valid_file=valid)
-    staged = stage(source, cache, first.entries, progress=False)
-    say(f"{len(first)} images ({first.total_bytes / 1e6:.1f} MB) staged in {staged.seconds:.1f} s; "
+    listed = CachedImageFolder(source, cache, transform=tf, is_valid_file=valid)
+    staged = stage(source, cache, listed.entries, progress=False)
+    say(f"{len(listed)} images ({listed.total_bytes / 1e6:.1f} MB) staged in {staged.seconds:.1f} s; "
         f"{workers} workers, batch {batch_size}, {os.cpu_count()} CPUs")
-    blobs = [cache.read(source, first.entry(i)) for i in random.Random(seed).sample(range(len(first)), min(64, len(first)))]
-    runs: list[tuple[str, Any, str]] = [(d, CachedImageFolder(source, cache, transform=tf, loader=DECODERS[d],
-                                                              is_valid_file=valid), "") for d in decoders]
+    blobs = [cache.read(source, listed.entry(i)) for i in random.Random(seed).sample(range(len(listed)), min(64, len(listed)))]
+    # One listing, a dataset per decoder; each one's cost on one core, timed before any worker process runs.
+    runs: dict[str, Any] = {}
+    ms_per_image: dict[str, float] = {}
+    for name in decoders:
+        runs[name] = copy.copy(listed)
+        runs[name].loader = DECODERS[name]
+        ms_per_image[name] = decode_ms(blobs, DECODERS[name], tf)
     if decode_once:
-        once = CachedImageFolder(source, cache, transform=tf, is_valid_file=valid, decode_once=decode_once)
-        runs.append((f"decode-once@{decode_once}", once, "pixels"))
-    # Each decoder's cost on one core, timed before any worker process runs beside it.
-    ms_per_image = {name: decode_ms(blobs, DECODERS[name], tf) for name, _, kind in runs if not kind}
-    if decode_once:  # decode-once's per-image cost: crop the decoded pixels
-        ms_per_image[runs[-1][0]] = decode_ms([decode_image(data, decode_once) for data in blobs],
-                                              functools.partial(pixels, size=decode_once), tf)
+        name = f"decode-once@{decode_once}"
+        runs[name] = copy.copy(listed)
+        runs[name].decoded = DecodedImages(source, cache, decode_once)
+        ms_per_image[name] = decode_ms([decode_image(data, decode_once) for data in blobs],
+                                       functools.partial(pixels, size=decode_once), tf)  # crop the pixels
+    who = compute.profile.name if hasattr(compute, "profile") else repr(compute)
     rows: list[dict[str, Any]] = []
-    for name, ds, kind in runs:
-        ms = ms_per_image[name]
+    for name, ds in runs.items():
         states: list[str] = []
 
-        def drop_page_cache(epoch: int, ds: Any = ds, kind: str = kind) -> None:
-            if kind and epoch == 1:
+        def drop_page_cache(epoch: int, ds: Any = ds) -> None:
+            if ds.decoded is not None and epoch == 1:
                 states.append("decoding into the cache")
                 return
-            files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if kind else
+            files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if ds.decoded is not None else
                      [cache.path(source, e) for e in ds.entries])
             dropped = evict(files).cache_state == "cold_verified"
             states.append(f"cache warm, page cache {'dropped' if dropped else 'not fully dropped'}")
@@ -114,8 +118,8 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
         for report in feed(loader, compute, epochs=epochs, before_epoch=drop_page_cache):
             rows.append({"decoder": name, "epoch": report.epoch, "samples_per_s": report.samples_per_s, "au": report.au,
                          "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,
-                         "cache_state": states[report.epoch - 1], "decode_ms_per_sample": ms, "workers": workers,
-                         "cpus": os.cpu_count(), "compute": compute.profile.name if hasattr(compute, "profile") else repr(compute)})
+                         "cache_state": states[report.epoch - 1], "decode_ms_per_sample": ms_per_image[name],
+                         "workers": workers, "cpus": os.cpu_count(), "compute": who})
             say(f"  {name:22} epoch {report.epoch}: {report.samples_per_s:6.0f} samples/s, AU {report.au:4.0%}, "
                 f"waiting {report.wait_s / report.wall_s:4.0%} ({states[report.epoch - 1]})")
         del loader

@@ -140,7 +140,7 @@ def test_a_child_forked_while_a_thread_holds_the_stats_lock_does_not_hang(tmp_pa
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with cache._mutex:
+        with cache._counters.mutex:
             held.set()
             release.wait(30)
 
@@ -255,13 +255,16 @@ def test_an_error_of_the_caches_own_disk_is_not_retried_as_a_network_blip(tmp_pa
     (root / "a.bin").write_bytes(b"x" * 3 * CHUNK)
     cache = Cache(tmp_path / "c", min_free_bytes=0, retry_deadline_s=30)
 
-    class BadDisk:
-        def write(self, data: bytes) -> int:
-            raise OSError(5, "Input/output error")  # EIO from the cache's own disk
+    def bad_disk(*args):
+        raise OSError(5, "Input/output error")  # EIO from the cache's own disk
+
+    from dataferry.cache import sides
 
     t0 = time.monotonic()
-    with pytest.raises(OSError, match="cache's disk"):
-        cache._download(LocalSource(root), LocalSource(root).stat("a.bin"), BadDisk())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sides.os, "pwrite", bad_disk)  # every write of a fill to its temp file
+        with pytest.raises(OSError, match="cache's disk"):
+            cache.fill(LocalSource(root), "a.bin")
     assert time.monotonic() - t0 < 5, "not retried for the deadline: the network is not the problem"
 
 
@@ -290,26 +293,31 @@ def _filled(tmp_path, n=20, size=10_000, **budget):
     source, cache = LocalSource(root), Cache(tmp_path / "c", min_free_bytes=0, **budget)
     for i in range(n):
         cache.read(source, f"f{i:03d}.bin")
-    cache._flush()
+    cache._index.flush()
     return source, cache
 
 
-def test_a_failed_eviction_transaction_deletes_no_file(tmp_path):
+def test_a_failed_eviction_transaction_deletes_no_file(tmp_path, monkeypatch):
     """Files go only after the rows that name them are committed: a statement that fails half-way
     (a full disk, a crash) rolls the rows back with every file still there."""
     import sqlite3
 
     source, cache = _filled(tmp_path)
 
-    class DiskFullMidPrune(Cache):
-        def _lru(self, db, batch=256):
-            for i, victim in enumerate(Cache._lru(db, batch)):
-                if i == 10:
-                    raise sqlite3.OperationalError("database or disk is full")
-                yield victim
+    from dataferry.cache import budget
 
+    lru = budget.lru
+
+    def disk_full_mid_prune(db, batch=256):
+        for i, victim in enumerate(lru(db, batch)):
+            if i == 10:
+                raise sqlite3.OperationalError("database or disk is full")
+            yield victim
+
+    monkeypatch.setattr(budget, "lru", disk_full_mid_prune)
     with pytest.raises(sqlite3.OperationalError, match="disk is full"):
-        DiskFullMidPrune(tmp_path / "c", min_free_bytes=0).prune(0)
+        Cache(tmp_path / "c", min_free_bytes=0).prune(0)
+    monkeypatch.setattr(budget, "lru", lru)
     report = cache.verify()
     assert report.ok and report.checked == 20, report.bad
 
@@ -398,11 +406,11 @@ def test_verify_finishes_the_fills_of_processes_that_died(tmp_path):
     whole, torn = (source.stat(name) for name in ("f000.bin", "f001.bin"))
     for entry, data in ((whole, bytes([0]) * 10_000), (torn, b"x" * 10)):
         key = cache.key(source, entry)
-        cache._discard(key)
-        with cache._write() as db:
+        cache._index.discard(key)
+        with cache._index.write() as db:
             db.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, 0, 0)",
                        (key, source.uri, entry.name, entry.version, entry.size, dead))
-        Path(cache._object_path(key)).write_bytes(data)
+        Path(cache._layout.object_path(key)).write_bytes(data)
     report = cache.verify()
     assert report.ok and report.checked == 2, report
     assert {e["name"]: e["state"] for e in cache.entries()} == {"f000.bin": "ready", "f002.bin": "ready"}
@@ -413,11 +421,13 @@ def test_clear_removes_only_what_it_cleared(tmp_path):
     source, cache = _filled(tmp_path, n=5)
     entry = source.stat("f000.bin")
     key = cache.key(source, entry)
-    cache._discard(key)
-    assert cache._reserve(source, entry, key) is None  # a fill in progress (another process's, say)
-    Path(cache._object_path(key)).write_bytes(bytes([0]) * 10_000)  # renamed into place, not yet ready
+    cache._index.discard(key)
+    now = time.time()
+    row = (key, source.uri, entry.name, entry.version, entry.size, os.getpid(), now, now)
+    assert cache._index.writer.reserve(row) is None  # a fill in progress (another process's, say)
+    Path(cache._layout.object_path(key)).write_bytes(bytes([0]) * 10_000)  # renamed into place, not yet ready
     cache.clear()
-    assert Path(cache._object_path(key)).exists(), "a fill in progress keeps its file"
+    assert Path(cache._layout.object_path(key)).exists(), "a fill in progress keeps its file"
     assert cache.usage() == (1, 10_000)
 
 
@@ -425,7 +435,7 @@ def test_a_dead_fillers_reservation_is_reclaimed_where_room_is_decided(tmp_path)
     source, cache = _filled(tmp_path, n=2, max_bytes=30_000)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    with cache._write() as db:  # a filler that reserved 15 kB and was then SIGKILLed
+    with cache._index.write() as db:  # a filler that reserved 15 kB and was then SIGKILLed
         db.execute("INSERT INTO entries VALUES ('dead', 'x', 'y', 'v', 15000, NULL, 'filling', ?, 0, 0)", (int(dead),))
     (tmp_path / "src" / "big.bin").write_bytes(b"b" * 9_000)
     with warnings_as_errors():
@@ -452,12 +462,12 @@ def warnings_as_errors():
 
 def test_a_failed_index_batch_loses_no_unrelated_update_and_a_dead_writer_is_an_error(tmp_path):
     source, cache = _filled(tmp_path, n=3)
-    writer = cache._index
+    writer = cache._index.writer
     writer._put("touch", None)  # one bad item (a None where uses belong) in the next batch
     (tmp_path / "src" / "new.bin").write_bytes(b"n" * 100)
     cache.read(source, "new.bin")
-    cache._flush()
-    states = dict(cache._db().execute("SELECT name, state FROM entries").fetchall())
+    cache._index.flush()
+    states = dict(cache._index.db().execute("SELECT name, state FROM entries").fetchall())
     assert states["new.bin"] == "ready", "an unrelated fill was marked ready despite the bad item"
     writer._put("stop", None)  # the writer thread ends (as if it had crashed)
     writer._thread.join(5)
@@ -478,8 +488,8 @@ def test_a_failed_index_batch_loses_no_unrelated_update_and_a_dead_writer_is_an_
     assert time.monotonic() - t0 < 10, "no wait forever on a dead writer from the download loop"
     (tmp_path / "src" / "later.bin").write_bytes(b"l" * 100)
     assert cache.read(source, "later.bin") == b"l" * 100, "later fills get a new writer"
-    cache._flush()
-    assert dict(cache._db().execute("SELECT name, state FROM entries").fetchall())["later.bin"] == "ready"
+    cache._index.flush()
+    assert dict(cache._index.db().execute("SELECT name, state FROM entries").fetchall())["later.bin"] == "ready"
 
 
 @pytest.fixture

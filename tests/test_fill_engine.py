@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from dataferry import Cache, GCSSource, LocalSource, stage
-from dataferry.cache import bulk
+from dataferry.cache import sides
 from dataferry.cache.checksum import combine
 from dataferry.lab import Profile, plan_dataset
 
@@ -33,8 +33,8 @@ def test_crc32c_of_consecutive_ranges_combines_to_the_whole():
 @pytest.fixture
 def small_ranges(monkeypatch):
     """Objects from 1 MiB up come in 256 KiB ranges, so a test needs no gigabyte object."""
-    monkeypatch.setattr(bulk, "RANGE_MIN", 1 << 20)
-    monkeypatch.setattr(bulk, "PART", 256 << 10)
+    monkeypatch.setattr(sides, "RANGE_MIN", 1 << 20)
+    monkeypatch.setattr(sides, "PART", 256 << 10)
 
 
 def _ranged_gets(lab, name: str) -> int:
@@ -229,7 +229,7 @@ def test_a_fill_ahead_from_a_folder_that_waited_on_another_fill_does_nothing_aft
     source = _CountingFolder(root, fetched)
     cache = Cache(tmp_path / "c")
     entry = source.stat("x.bin")
-    with cache._fill_lock(cache.key(source, entry)):  # another fill of x.bin, which leaves nothing
+    with cache._locks.hold(cache.key(source, entry)):  # another fill of x.bin, which leaves nothing
         [ahead] = cache.fill_later(source, [entry])
         time.sleep(0.3)
         assert not ahead.done(), "the fill ahead waits for the other fill"

@@ -38,7 +38,7 @@ OPENER = textwrap.dedent("""
         cache = Cache(f"{base}/cache{r}", min_free_bytes=0, max_bytes=40_000)
         for name in names[r % 3::3]:
             assert cache.read(src, name) == open(f"{sys.argv[1]}/{name}", "rb").read()
-        cache._flush()
+        cache._index.flush()
 """)
 
 
@@ -65,7 +65,7 @@ def test_a_damaged_index_is_set_aside_with_one_line_and_the_cache_works_again(tm
     cache = Cache(tmp_path / "c", min_free_bytes=0)
     for e in src.list():
         cache.read(src, e)
-    cache._flush()
+    cache._index.flush()
     del cache
     index = tmp_path / "c" / "index.sqlite"
     for extra in ("-wal", "-shm"):
@@ -90,7 +90,7 @@ def test_cli_on_a_damaged_index_says_so_in_one_line(tmp_path):
     src = _source(tmp_path)
     cache = Cache(tmp_path / "c", min_free_bytes=0)
     cache.read(src, "f000.bin")
-    cache._flush()
+    cache._index.flush()
     del cache
     index = tmp_path / "c" / "index.sqlite"
     for extra in ("-wal", "-shm"):
@@ -108,8 +108,8 @@ def test_usage_totals_that_drifted_from_the_rows_are_recomputed_when_the_cache_o
     cache = Cache(tmp_path / "c", min_free_bytes=0)
     for e in src.list():
         cache.read(src, e)
-    cache._flush()
-    with cache._write() as db:  # a drift: what an older version or a hand edit could leave
+    cache._index.flush()
+    with cache._index.write() as db:  # a drift: what an older version or a hand edit could leave
         db.execute("UPDATE usage SET entries = entries + 7, bytes = bytes + 1000000000, filling_bytes = 55")
     reopened = Cache(tmp_path / "c", min_free_bytes=0, max_bytes=100_000)
     assert reopened.usage() == (12, 12 * 5_000)

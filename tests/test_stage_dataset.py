@@ -244,7 +244,7 @@ def test_dataloader_workers_fork_and_spawn(lab, dataset, tmp_path, start, with_c
     dataset = CachedDataset(source, Cache(tmp_path / "c"), decode=_decode)
     copy = pickle.loads(pickle.dumps(dataset))  # what spawn does
     assert copy.source._client is None, "no live client crosses a pickle: the worker makes its own"
-    assert copy.cache._index_writer is None and copy.cache._stats.hits == 0, "nor the cache's thread or counters"
+    assert copy.cache._index._writer is None and copy.cache.stats().hits == 0, "nor the cache's thread or counters"
     assert torch.equal(copy[0], _decode(ds.content(copy.entries[0].name))), "and the copy reads on its own"
     loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=start)
     batches = list(loader)

@@ -7,24 +7,32 @@ cache folder while computing CRC32C, checks size and checksum, makes it durable 
 into place: a file under ``objects/`` is always complete and verified, at any instant of a crash.
 
 Many threads, DataLoader workers and processes may share one cache folder. :class:`Cache` is the
-face; one idea per module behind it:
+face over parts it composes, each owning one idea, lowest first:
 
-- :mod:`~dataferry.cache.layout`: keys, names and the folder;
-- :mod:`~dataferry.cache.locks`: fill locks (one download per object per machine), fork safety;
-- :mod:`~dataferry.cache.index`: the SQLite index and the thread that writes it in batches;
-- :mod:`~dataferry.cache.fill`: filling, with retries, checks and a deadline;
-- :mod:`~dataferry.cache.bulk`: many fills at once on one event loop, large objects in ranges;
+- :mod:`~dataferry.cache.errors`: what goes wrong, as exceptions callers already catch;
+- :mod:`~dataferry.cache.layout`: keys, names and every path of the folder (:class:`Layout`);
 - :mod:`~dataferry.cache.checksum`: CRC32C of files, and of ranges joined;
+- :mod:`~dataferry.cache.counters`: this process's counters (:class:`CacheStats`);
+- :mod:`~dataferry.cache.locks`: fill locks (one download per object per machine), fork safety;
+- :mod:`~dataferry.cache.store`: the SQLite file, its schema and statements that need no writer;
 - :mod:`~dataferry.cache.budget`: room under ``max_bytes`` / ``min_free_bytes``, LRU eviction;
+- :mod:`~dataferry.cache.index`: connections, transactions and the thread that writes the index in batches;
+- :mod:`~dataferry.cache.placing`: the download loop's finished fills put in place a group at a time;
+- :mod:`~dataferry.cache.sides`: where a fill runs and how its bytes travel (the loop for a bucket,
+  the caller's thread for a folder);
+- :mod:`~dataferry.cache.fill`: the one fill engine, with retries, checks and a deadline;
+- :mod:`~dataferry.cache.many`: many fills at once, and fills ahead of a reader;
 - :mod:`~dataferry.cache.recovery`: cleaning up after crashes, ``verify`` and ``clear``;
-- :mod:`~dataferry.cache.errors`: what goes wrong, as exceptions callers already catch.
+- :mod:`~dataferry.cache.core`: :class:`Cache`, the face.
 """
 
 from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES, Refusal
-from dataferry.cache.core import Cache, CacheStats
+from dataferry.cache.core import Cache
+from dataferry.cache.counters import CacheStats
 from dataferry.cache.errors import (CacheFolderError, CacheFullWarning, CacheIndexWarning, ChecksumError, DamagedAtSource,
                                     DamagedOnDisk, FillTimeout)
+from dataferry.cache.fill import Filled
 from dataferry.cache.recovery import VerifyReport
 
-__all__ = ["Cache", "CacheStats", "VerifyReport", "ChecksumError", "DamagedAtSource", "DamagedOnDisk", "CacheFullWarning", "CacheIndexWarning", "CacheFolderError",
+__all__ = ["Cache", "CacheStats", "Filled", "VerifyReport", "ChecksumError", "DamagedAtSource", "DamagedOnDisk", "CacheFullWarning", "CacheIndexWarning", "CacheFolderError",
            "FillTimeout", "Refusal", "DEFAULT_MIN_FREE_BYTES"]

@@ -1,6 +1,7 @@
 """Budget and eviction: room for a fill under ``max_bytes`` and ``min_free_bytes``, made by
-evicting the least recently used entries no reader holds (entries demoted as used up go first). Fills in progress count, fillers that
-died do not, and a fill that finds the room held by readers or fills in flight waits for it a while.
+evicting the least recently used entries no reader holds (entries demoted as used up go first).
+Fills in progress count, fillers that died do not. The index's writer thread asks :meth:`Budget.decide`
+inside its transaction; nothing here holds a connection or a thread of its own.
 """
 
 from __future__ import annotations
@@ -10,21 +11,22 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dataferry.cache.fill import disk_full
-from dataferry.cache.index import release
-from dataferry.cache.layout import printable
-from dataferry.errors import byte_count
-from dataferry.sources import Entry, Source
+from dataferry.cache.counters import Counters
+from dataferry.cache.errors import disk_full
+from dataferry.cache.layout import Layout
+from dataferry.cache.store import reclaim_dead_fills
+from dataferry.sources import Entry
 
-__all__ = ["Budget", "Refusal", "DEFAULT_MIN_FREE_BYTES", "ROOM_WAIT_S"]
+__all__ = ["Budget", "Refusal", "lru", "DEFAULT_MIN_FREE_BYTES", "ROOM_WAIT_S"]
 
 DEFAULT_MIN_FREE_BYTES = 1 << 30  # leave 1 GiB free on the cache's disk
 ROOM_WAIT_S = 10.0  # how long a fill waits for room held by readers or fills in flight
+
+Doomed = list[tuple[str, int]]  # files to unlink once the transaction that dropped their rows commits
 
 
 @dataclass(frozen=True)
@@ -35,28 +37,40 @@ class Refusal:
     transient: bool = False
 
 
+def lru(db: sqlite3.Connection, batch: int = 256) -> Iterator[tuple[str, int]]:
+    """Ready entries, least recently used first (demoted ones before all others), in batches."""
+    last = float("-inf")
+    while True:
+        rows = db.execute("SELECT key, size, last_used FROM entries WHERE state = 'ready' AND last_used >= ? "
+                          "ORDER BY last_used LIMIT ?", (last, batch)).fetchall()
+        if not rows:
+            return
+        for key, size, _ in rows:
+            yield key, size
+        if len(rows) < batch:
+            return
+        last = rows[-1][2]
+
+
 class Budget:
-    """The :class:`~dataferry.cache.Cache` methods that decide room."""
+    """The room rules of one cache folder: ``max_bytes`` (None: no cap) and ``min_free_bytes``."""
 
-    def _reserve(self, source: Source, entry: Entry, key: str) -> Refusal | None:
-        """Record a fill in progress, evicting least-recently-used entries to make room. While the
-        room is held by readers or fills in flight, wait for it (up to ``ROOM_WAIT_S``); returns
-        None when reserved, else why not."""
-        for pause in self._room_waits(entry):
-            try:
-                refusal = self._index.reserve(self._reservation(source, entry, key))
-            except sqlite3.OperationalError as e:
-                refusal = self._index_full(e)
-            if refusal is None or not refusal.transient or pause is None:
-                return refusal
-            time.sleep(pause)
-        return self._too_big(entry)
+    def __init__(self, layout: Layout, max_bytes: int | None, min_free_bytes: int, counters: Counters) -> None:
+        self.layout, self.max_bytes, self.min_free_bytes, self.counters = layout, max_bytes, min_free_bytes, counters
 
-    def _room_waits(self, entry: Entry) -> Iterator[float | None]:
+    def __repr__(self) -> str:
+        return f"Budget(max_bytes={self.max_bytes}, min_free_bytes={self.min_free_bytes})"
+
+    def too_big(self, entry: Entry) -> Refusal | None:
+        if self.max_bytes is not None and entry.size > self.max_bytes:
+            return Refusal(f"the object is larger than the whole budget (max_bytes={self.max_bytes})")
+        return None
+
+    def room_waits(self, entry: Entry) -> Iterator[float | None]:
         """One item per try at a reservation: the pause before the next try, None for the last
         (room held by readers or fills in flight is waited for up to ``ROOM_WAIT_S``); no tries
         at all for an object larger than the whole budget."""
-        if self._too_big(entry):
+        if self.too_big(entry):
             return
         deadline, pause = time.monotonic() + ROOM_WAIT_S, 0.05
         while time.monotonic() < deadline:
@@ -64,30 +78,22 @@ class Budget:
             pause = min(2 * pause, 1.0)
         yield None
 
-    def _too_big(self, entry: Entry) -> Refusal | None:
-        if self.max_bytes is not None and entry.size > self.max_bytes:
-            return Refusal(f"the object is larger than the whole budget (max_bytes={self.max_bytes})")
-        return None
+    def free(self) -> str:
+        return f"{shutil.disk_usage(self.layout.root).free / 1e6:.1f} MB free in {self.layout.root}"
 
-    def _reservation(self, source: Source, entry: Entry, key: str) -> tuple:
-        now = time.time()
-        return (key, source.uri, printable(entry.name), entry.version, entry.size, self._pid, now, now)
-
-    def _index_full(self, e: sqlite3.OperationalError) -> Refusal:
+    def index_full(self, e: sqlite3.OperationalError) -> Refusal:
         """The refusal for an index that could not grow on a full disk (any other error is raised)."""
         if not disk_full(e):
             raise e
-        return Refusal(f"the cache's disk is full: its index could not grow ({self._free()})")
+        return Refusal(f"the cache's disk is full: its index could not grow ({self.free()})")
 
-    def _free(self) -> str:
-        return f"{shutil.disk_usage(self.root).free / 1e6:.1f} MB free in {self.root}"
-
-    def _decide(self, db: sqlite3.Connection, wants: list, doomed: list) -> list[tuple[Future, Any]]:
-        """Inside the index writer's transaction: accept or refuse each reservation, evicting LRU
-        entries (and reclaiming dead fills) for room; a refusal says which limit applied."""
-        answers: list[tuple[Future, Any]] = []
+    def decide(self, db: sqlite3.Connection, wants: list[tuple[tuple, Any]], doomed: Doomed) -> list[tuple[Any, Any]]:
+        """Inside the index writer's transaction: accept or refuse each reservation (a row and the
+        future that waits for its answer), evicting LRU entries (and reclaiming dead fills) for room;
+        a refusal says which limit applied."""
+        answers: list[tuple[Any, Any]] = []
         used, filling = db.execute("SELECT bytes, filling_bytes FROM usage").fetchone()
-        free = shutil.disk_usage(self.root).free - filling
+        free = shutil.disk_usage(self.layout.root).free - filling
         victims = None
         reclaimed = False
         held = 0  # entries that could not be evicted because a reader holds them
@@ -103,13 +109,13 @@ class Budget:
 
             if short() and not reclaimed:  # room held by fillers that died is room
                 reclaimed = True
-                if self._reclaim_dead_fills(db, doomed):
+                if reclaim_dead_fills(db, self.layout, doomed):
                     used, filling = db.execute("SELECT bytes, filling_bytes FROM usage").fetchone()
-                    free = shutil.disk_usage(self.root).free - filling
+                    free = shutil.disk_usage(self.layout.root).free - filling
             if short():
-                victims = victims or self._lru(db)
+                victims = victims or lru(db)
                 for victim, vsize in victims:
-                    if self._evict(db, victim, doomed):
+                    if self.evict(db, victim, doomed):
                         used, free = used - vsize, free + vsize
                         if not short():
                             break
@@ -130,25 +136,11 @@ class Budget:
         db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?)", accepted)
         return answers
 
-    @staticmethod
-    def _lru(db: sqlite3.Connection, batch: int = 256) -> Iterator[tuple[str, int]]:
-        """Ready entries, least recently used first (demoted ones before all others), in batches."""
-        last = float("-inf")
-        while True:
-            rows = db.execute("SELECT key, size, last_used FROM entries WHERE state = 'ready' AND last_used >= ? "
-                              "ORDER BY last_used LIMIT ?", (last, batch)).fetchall()
-            if not rows:
-                return
-            for key, size, used in rows:
-                yield key, size
-            if len(rows) < batch:
-                return
-            last = rows[-1][2]
-
-    def _evict(self, db: sqlite3.Connection, key: str, doomed: list[tuple[str, int]]) -> bool:
+    def evict(self, db: sqlite3.Connection, key: str, doomed: Doomed) -> bool:
         """Remove one entry's row unless a reader holds it. Runs inside a write transaction; the
-        file goes on ``doomed``, to be unlinked by :func:`_release` once the transaction commits."""
-        path = self._object_path(key)
+        file goes on ``doomed``, to be unlinked by :func:`~dataferry.cache.store.release` once the
+        transaction commits."""
+        path = self.layout.object_path(key)
         if not db.execute("SELECT 1 FROM entries WHERE key = ? AND state = 'ready'", (key,)).fetchone():
             return False  # already gone (the batch is a snapshot)
         try:
@@ -163,61 +155,18 @@ class Budget:
             return False
         doomed.append((path, fd))
         db.execute("DELETE FROM entries WHERE key = ?", (key,))
-        self._count(evictions=1)
+        self.counters.add(evictions=1)
         return True
 
-    def _discard(self, key: str) -> None:
-        doomed: list[tuple[str, int]] = []
-        try:
-            with self._write() as db:
-                db.execute("DELETE FROM entries WHERE key = ?", (key,))
-                doomed.append((self._object_path(key), -1))
-        except BaseException:
-            release(doomed, unlink=False)
-            raise
-        release(doomed, unlink=True)
-
-    def demote(self, source: Source, items: Iterable[Entry]) -> None:
-        """Mark entries used up for now (a shard read this epoch): when room is needed they go before
-        every other entry, the most recently demoted first, so what was kept from an earlier pass
-        and is not yet read again stays. A later read of an entry undoes its demotion."""
-        now = time.time()
-        self._rank_now({self.key(source, e): -now for e in items})
-
-    def will_read(self, source: Source, items: Sequence[Entry]) -> None:
-        """Entries about to be read in this order (a pass over shards): when room is needed they go after
-        every entry demoted as used up and before every other, the one read last first, so a pass over
-        more than fits keeps what it reads soonest. Reading an entry undoes this, as it undoes a demotion."""
-        self._rank_now({self.key(source, e): -(i + 1.0) for i, e in enumerate(items)})  # above -time, below uses
-
-    def _rank_now(self, ranks: dict[str, float]) -> None:
-        """Send these LRU times to the index now, after the uses noted before them (the order they happened)."""
-        with self._mutex:
-            self._touched.update(ranks)
-            touched, self._touched = self._touched, {}
-            self._last_flush = time.time()
-        self._index.touch(touched)
-
-    def prune(self, max_bytes: int | None = None) -> int:
-        """Evict least-recently-used entries (not those being read) until the cache holds at most
-        ``max_bytes`` (default: its budget). Returns how many were evicted."""
-        limit = self.max_bytes if max_bytes is None else byte_count("max_bytes", max_bytes)
-        self._flush()
-        if limit is None:
-            return 0
+    def prune(self, db: sqlite3.Connection, limit: int, doomed: Doomed) -> int:
+        """Inside a write transaction: evict LRU entries no reader holds until at most ``limit`` bytes are
+        cached. Returns how many were evicted."""
         evicted = 0
-        doomed: list[tuple[str, int]] = []
-        try:
-            with self._write() as db:
-                used = db.execute("SELECT bytes FROM usage").fetchone()[0]
-                for victim, size in self._lru(db):
-                    if used <= limit:
-                        break
-                    if self._evict(db, victim, doomed):
-                        used -= size
-                        evicted += 1
-        except BaseException:
-            release(doomed, unlink=False)
-            raise
-        release(doomed, unlink=True)
+        used = db.execute("SELECT bytes FROM usage").fetchone()[0]
+        for victim, size in lru(db):
+            if used <= limit:
+                break
+            if self.evict(db, victim, doomed):
+                used -= size
+                evicted += 1
         return evicted

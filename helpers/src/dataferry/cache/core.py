@@ -1,10 +1,9 @@
-"""The cache's face: :class:`Cache` joins filling, budget and recovery over one folder, and owns
-what is per process (connections, locks, counters, the index writer), renewed after a fork."""
+"""The cache's face: :class:`Cache` composes the parts of one folder (its layout, index, budget, fill
+locks and fill engine) and owns what is per process, renewed after a fork."""
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import fcntl
 import io
 import math
@@ -13,58 +12,40 @@ import shutil
 import sqlite3
 import threading
 import time
+import warnings
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable, TypeVar
 
 import google_crc32c
 
 from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES, Budget
 from dataferry.cache.checksum import b64
-from dataferry.cache.bulk import BulkFilling
-from dataferry.cache.errors import CacheFolderError, DamagedOnDisk
-from dataferry.cache.fill import Filling
-from dataferry.cache.index import FLUSH_EVERY, FLUSH_S, IndexWriter, connect, create, damaged
-from dataferry.cache.layout import CHUNK, lay_out, printable
+from dataferry.cache.counters import CacheStats, Counters
+from dataferry.cache.errors import CacheFolderError, CacheFullWarning, DamagedOnDisk
+from dataferry.cache.fill import FillEngine, Filled
+from dataferry.cache.index import Index
+from dataferry.cache.layout import CHUNK, Layout, printable
 from dataferry.cache.layout import key as entry_key
 from dataferry.cache.locks import FillLocks, renew_after_fork
-from dataferry.cache.placing import Placing
-from dataferry.cache.recovery import Recovery
+from dataferry.cache.many import FillsAhead, fill_many
+from dataferry.cache.recovery import VerifyReport, clear, recover, set_index_aside, verify
+from dataferry.cache.store import create, damaged
 from dataferry.errors import BadArgument, byte_count, interrupted_at_exit
 from dataferry.sources import DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, Source, where
 
 __all__ = ["Cache", "CacheStats"]
 
-
-@dataclass
-class CacheStats:
-    """Counters of one process's use of a cache (each DataLoader worker keeps its own)."""
-
-    hits: int = 0
-    misses: int = 0
-    bytes_from_source: int = 0
-    bytes_from_cache: int = 0
-    evictions: int = 0
-    refetches: int = 0
-    retries: int = 0
-    streamed: int = 0
-    wait_s: float = 0.0
-    fetch_s: float = 0.0
-
-    def __repr__(self) -> str:
-        return (f"CacheStats(hits={self.hits}, misses={self.misses}, from_source={self.bytes_from_source / 1e6:.1f} MB, "
-                f"from_cache={self.bytes_from_cache / 1e6:.1f} MB, evictions={self.evictions}, "
-                f"refetches={self.refetches}, retries={self.retries}, streamed={self.streamed}, "
-                f"wait={self.wait_s:.2f} s, fetch={self.fetch_s:.2f} s)")
+T = TypeVar("T")
 
 
 def _flush_at_exit(ref: weakref.ref) -> None:
     cache = ref()
     if cache is not None and cache._pid == os.getpid():
         try:
-            cache._flush()
+            cache._index.flush()
         except KeyboardInterrupt:
             interrupted_at_exit(f"writing the index of the cache {cache.root}: nothing is lost, the next open "
                                 "completes it")
@@ -99,7 +80,7 @@ def _refuse_more_than_the_disk(root: Path, min_free_bytes: int) -> None:
                           "the cache could never keep a file; give less (the default keeps 1 GiB free)")
 
 
-class Cache(Filling, BulkFilling, Budget, Recovery):
+class Cache:
     """A local cache folder of verified objects, with an optional byte budget and LRU eviction.
 
     ``max_bytes`` caps the cache (None: no cap); ``min_free_bytes`` keeps that much free on its
@@ -129,27 +110,25 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         self.max_refetches = max_refetches
         self.retry_deadline_s = retry_deadline_s
         _refuse_more_than_the_disk(self.root, self.min_free_bytes)
-        lay_out(self.root)
+        Layout(self.root).make()
         self._init_process_state()
         try:
             self._open_index()
         except sqlite3.DatabaseError as e:
             if not damaged(e):
                 raise
-            self._set_index_aside(e)
+            set_index_aside(self._layout, self._index, e)
             self._open_index()
 
     def _open_index(self) -> None:
-        create(self._db())
-        self._recover()
-
-    # -- per-process state (connections and locks never cross fork or pickle) -------------------
+        create(self._index.db())
+        recover(self._layout, self._index, self._locks)
 
     @classmethod
     def existing(cls, root: str | os.PathLike[str], **options: Any) -> Cache:
         """An existing cache; :class:`CacheFolderError` rather than a new cache at a mistyped path."""
         try:
-            is_cache = (Path(root) / "index.sqlite").is_file()
+            is_cache = Layout(Path(root)).index.is_file()
         except OSError as e:
             raise CacheFolderError.opening(Path(root).absolute(), e) from None
         if not is_cache:
@@ -157,36 +136,24 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
                                       "check the path")
         return cls(root, **options)
 
-    def _init_process_state(self) -> None:
-        """Locks, connections, counters and the writer thread of this process. A forked child gets
-        fresh ones at once (``os.register_at_fork``, as fsspec does): a lock some parent thread held
-        at the fork would otherwise stay held in the child forever."""
-        renew_after_fork(self)
-        self._objects, self._locks, self._tmp = (str(self.root / sub) for sub in ("objects", "locks", "tmp"))
-        self._fill_locks = FillLocks(self._locks)
-        self._pid = os.getpid()
-        self._local = threading.local()
-        self._mutex = threading.Lock()
-        self._writer = threading.RLock()
-        self._touched: dict[str, float] = {}
-        self._last_flush = time.time()
-        self._stats = CacheStats()
-        self._index_writer: IndexWriter | None = None
-        self._held: dict = {}  # fill locks held by this process's download loop, by key
-        self._placing = Placing(self._tmp)  # its download loop's finished fills, put in place by groups
-        self._fill_threads = None  # fill_later's threads, for sources without fetch_async
-        self._fill_width = 0  # how many of them
-        atexit.register(_flush_at_exit, weakref.ref(self))
+    # -- per-process parts (connections, locks and threads never cross fork or pickle) ------------
 
-    @property
-    def _index(self) -> IndexWriter:
-        if self._pid != os.getpid():
-            self._init_process_state()
-        if self._index_writer is None or not self._index_writer.alive:
-            with self._mutex:
-                if self._index_writer is None or not self._index_writer.alive:
-                    self._index_writer = IndexWriter(self)
-        return self._index_writer
+    def _init_process_state(self) -> None:
+        """This process's parts. A forked child gets fresh ones at once (``os.register_at_fork``, as
+        fsspec does): a lock some parent thread held at the fork would otherwise stay held in the child."""
+        self._pid = os.getpid()
+        self._write_lock = threading.RLock()  # held across a fork (locks.renew_after_fork)
+        renew_after_fork(self)
+        self._layout = Layout(self.root)
+        self._local = threading.local()
+        self._counters = Counters()
+        self._locks = FillLocks(self._layout.fill_lock)
+        budget = Budget(self._layout, self.max_bytes, self.min_free_bytes, self._counters)
+        self._index = Index(self._layout, budget, self._write_lock)
+        self._fills = FillEngine(self._layout, self._index, budget, self._counters, self._locks,
+                                 max_refetches=self.max_refetches, retry_deadline_s=self.retry_deadline_s)
+        self._ahead = FillsAhead(self._fills)
+        atexit.register(_flush_at_exit, weakref.ref(self))
 
     def __getstate__(self) -> dict:
         keep = ("root", "max_bytes", "min_free_bytes", "max_refetches", "retry_deadline_s")
@@ -196,53 +163,38 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         self.__dict__.update(state)
         self._init_process_state()
 
-    def _db(self) -> sqlite3.Connection:
-        if self._pid != os.getpid():  # forked: start afresh, the parent's connections are not ours
-            self._init_process_state()
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = self._local.db = self._connect()
-        return db
-
-    @contextlib.contextmanager
-    def _write(self, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
-        """A write transaction (on this thread's connection unless one is given)."""
-        db = db or self._db()
-        with self._writer:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-
-    def _count(self, **delta: float) -> None:
-        with self._mutex:
-            for k, v in delta.items():
-                setattr(self._stats, k, getattr(self._stats, k) + v)
-
-    def _connect(self) -> sqlite3.Connection:
-        return connect(self.root)
-
-    # -- keys and paths ---------------------------------------------------------------------
+    # -- keys ---------------------------------------------------------------------------------
 
     @staticmethod
     def key(source: Source, entry: Entry) -> str:
         """The entry's key: a hash of (source, name, version); object names never become paths."""
         return entry_key(source, entry)
 
-    def _object_path(self, key: str) -> str:
-        return f"{self._objects}/{key[:2]}/{key}"
-
     @staticmethod
     def _entry(source: Source, item: Entry | str) -> Entry:
         return item if isinstance(item, Entry) else source.stat(item)
 
-    def _fill_lock(self, key: str) -> contextlib.AbstractContextManager[bool]:
-        return self._fill_locks.hold(key)
+    # -- filling ------------------------------------------------------------------------------
 
-    # -- reading ----------------------------------------------------------------------------
+    def fill(self, source: Source, item: Entry | str) -> Filled:
+        """Make sure the object is cached; how it ended: ``fetched`` bytes downloaded (0 if it was already
+        there, -1 if it cannot fit in the budget, ``refusal`` saying why). One download per object per
+        machine: other threads and processes asking for it at the same time wait for this one."""
+        return self._fills.fill_now(source, self._entry(source, item))
+
+    def fill_many(self, source: Source, items: Iterable[Entry | str], width: int = 64) -> Iterator[Filled]:
+        """Fill every item, ``width`` at a time, yielding a :class:`Filled` as each ends (in any
+        order; an item that failed carries its ``error``). ``items`` may be a stream (a listing): it
+        is read as room frees up."""
+        return fill_many(self._fills, source, items, width)
+
+    def fill_later(self, source: Source, items: Sequence[Entry], threads: int = 32) -> list[Future]:
+        """Start filling ``items`` in the background. Returns futures that end when they are done,
+        each with a list of (name, error) for the fills that failed. For a source without
+        ``fetch_async`` (a folder) they run on up to ``threads`` threads of this process."""
+        return self._ahead.start(source, items, threads)
+
+    # -- reading ------------------------------------------------------------------------------
 
     def read(self, source: Source, item: Entry | str) -> bytes:
         """The bytes of an object, from the cache, filling it first on a miss.
@@ -254,7 +206,7 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         """
         return self._by_name(source, item, self._read)
 
-    def _by_name(self, source: Source, item: Entry | str, action):
+    def _by_name(self, source: Source, item: Entry | str, action: Callable[[Source, Entry], T]) -> T:
         """``action(source, entry)``; for a name, once more with a fresh stat if it changed meanwhile."""
         try:
             return action(source, self._entry(source, item))
@@ -266,15 +218,18 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
     def _read(self, source: Source, entry: Entry) -> bytes:
         """The cached copy's bytes, filled first on a miss; a copy of the wrong size is dropped and filled again."""
         key = self.key(source, entry)
-        path = self._object_path(key)
+        path = self._layout.object_path(key)
         hit = True
         for _ in range(self.max_refetches + 3):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 hit = False
-                if self.fill(source, entry) < 0:
-                    return self._stream(source, entry)  # checked as it streamed
+                filled = self._fills.fill_now(source, entry)
+                if filled.fetched < 0:
+                    return self._stream(source, entry, filled.refusal)  # checked as it streamed
+                if filled.crc32c:
+                    self._local.filled = (key, filled.crc32c)  # what a verified read checks the copy against
                 continue
             # No lock needed: eviction only unlinks, and an open descriptor still reads every byte.
             try:
@@ -282,17 +237,20 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
             finally:
                 os.close(fd)
             if len(data) == entry.size:
-                with self._mutex:
-                    self._stats.hits += hit
-                    self._stats.bytes_from_cache += len(data)
-                self._touch(key)
+                self._counters.add(hits=int(hit), bytes_from_cache=len(data))
+                self._index.used(key)
                 return data
-            self._discard(key)
-            self._count(refetches=1)
+            self._index.discard(key)
+            self._counters.add(refetches=1)
             hit = False
         raise DamagedOnDisk(f"{where(source, printable(entry.name))}: the cached copy kept coming back the wrong size "
                             f"({self.max_refetches + 3} times): the local disk under {self.root} is failing; use a "
                             "cache folder on another disk")
+
+    def _stream(self, source: Source, entry: Entry, refusal: str) -> bytes:
+        warnings.warn(f"{where(source, printable(entry.name))} ({entry.size / 1e6:.1f} MB) does not fit in the cache "
+                      f"{self}: {refusal}; reading it straight from the source", CacheFullWarning, stacklevel=4)
+        return self._fills.stream_now(source, entry)
 
     def read_verified(self, source: Source, item: Entry | str) -> bytes:
         """:meth:`read`, with the bytes checked against the object's CRC32C (the source's, or the one
@@ -308,25 +266,15 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
             data = self._read(source, entry)
             filled = getattr(self._local, "filled", None)
             self._local.filled = None
-            expected = entry.crc32c or (filled[1] if filled and filled[0] == key else None) or self._stored_crc(key)
+            expected = (entry.crc32c or (filled[1] if filled and filled[0] == key else None)
+                        or self._index.stored_crc(key))
             if expected is None or b64(google_crc32c.value(data)) == expected:
                 return data
-            self._discard(key)
-            self._count(refetches=1)
+            self._index.discard(key)
+            self._counters.add(refetches=1)
         raise DamagedOnDisk(f"{where(source, printable(entry.name))}: the cached copy kept reading back other bytes "
                             f"than were written and checked ({self.max_refetches + 1} times): the local disk under "
                             f"{self.root} is failing; use a cache folder on another disk")
-
-    def _stored_crc(self, key: str) -> str | None:
-        """The CRC32C computed when ``key`` was filled: one query, and a wait for this process's pending
-        index writes only when its row is not marked ready yet (it was filled a moment ago)."""
-        for pending in (False, True):
-            if pending:
-                self._flush()
-            row = self._db().execute("SELECT crc32c FROM entries WHERE key = ?", (key,)).fetchone()
-            if row and row[0]:
-                return row[0]
-        return None
 
     def open(self, source: Source, item: Entry | str) -> BinaryIO:
         """A binary file object on the cached copy, kept from eviction until it is closed."""
@@ -334,22 +282,23 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
 
     def _open(self, source: Source, entry: Entry) -> BinaryIO:
         key = self.key(source, entry)
-        path = self._object_path(key)
+        path = self._layout.object_path(key)
         hit = True
         while True:
             try:
                 f = open(path, "rb")
             except FileNotFoundError:
                 hit = False
-                if self.fill(source, entry) < 0:
-                    return io.BytesIO(self._stream(source, entry))
+                filled = self._fills.fill_now(source, entry)
+                if filled.fetched < 0:
+                    return io.BytesIO(self._stream(source, entry, filled.refusal))
                 continue
             fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # eviction skips entries with a reader
             if os.fstat(f.fileno()).st_nlink == 0:  # evicted between open and lock: fill again
                 f.close()
                 continue
-            self._count(hits=int(hit))
-            self._touch(key)
+            self._counters.add(hits=int(hit))
+            self._index.used(key)
             return f
 
     def path(self, source: Source, item: Entry | str) -> Path:
@@ -357,9 +306,11 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
         return self._by_name(source, item, self._path)
 
     def _path(self, source: Source, entry: Entry) -> Path:
-        if self.fill(source, entry) < 0:
-            raise OSError(f"{where(source, printable(entry.name))} ({entry.size} bytes) does not fit in the cache")
-        return Path(self._object_path(self.key(source, entry)))
+        filled = self._fills.fill_now(source, entry)
+        if filled.fetched < 0:
+            raise OSError(f"{where(source, printable(entry.name))} ({entry.size} bytes) does not fit in the cache: "
+                          f"{filled.refusal}")
+        return Path(self._layout.object_path(self.key(source, entry)))
 
     def contains(self, source: Source, item: Entry) -> bool:
         """Whether that version of the object is in the cache now."""
@@ -367,45 +318,56 @@ class Cache(Filling, BulkFilling, Budget, Recovery):
 
     def contains_key(self, key: str) -> bool:
         """Whether the entry of :meth:`key` ``key`` is in the cache now."""
-        return os.path.exists(self._object_path(key))
+        return os.path.exists(self._layout.object_path(key))
 
-    def _touch(self, key: str) -> None:
-        """Note a use for LRU; sent to the index writer in batches, not on every hit."""
+    # -- the budget ----------------------------------------------------------------------------
+
+    def demote(self, source: Source, items: Iterable[Entry]) -> None:
+        """Mark entries used up for now (a shard read this epoch): when room is needed they go before
+        every other entry, the most recently demoted first, so what was kept from an earlier pass
+        and is not yet read again stays. A later read of an entry undoes its demotion."""
         now = time.time()
-        self._touched[key] = now
-        if len(self._touched) >= FLUSH_EVERY or now - self._last_flush > FLUSH_S:
-            with self._mutex:
-                touched, self._touched = self._touched, {}
-                self._last_flush = now
-            self._index.touch(touched)
+        self._index.rank_now({self.key(source, e): -now for e in items})
 
-    def _flush(self) -> None:
-        """Wait until every pending index write of this process is applied."""
-        with self._mutex:
-            touched, self._touched = self._touched, {}
-        if touched:
-            self._index.touch(touched)
-        if self._index_writer is not None or touched:
+    def will_read(self, source: Source, items: Sequence[Entry]) -> None:
+        """Entries about to be read in this order (a pass over shards): when room is needed they go after
+        every entry demoted as used up and before every other, the one read last first, so a pass over
+        more than fits keeps what it reads soonest. Reading an entry undoes this, as it undoes a demotion."""
+        self._index.rank_now({self.key(source, e): -(i + 1.0) for i, e in enumerate(items)})  # above -time, below uses
+
+    def prune(self, max_bytes: int | None = None) -> int:
+        """Evict least-recently-used entries (not those being read) until the cache holds at most
+        ``max_bytes`` (default: its budget). Returns how many were evicted."""
+        limit = self.max_bytes if max_bytes is None else byte_count("max_bytes", max_bytes)
+        if limit is None:
             self._index.flush()
+            return 0
+        return self._index.prune(limit)
 
-    # -- reporting --------------------------------------------------------------------------
+    # -- checking and reporting ----------------------------------------------------------------
+
+    def verify(self) -> VerifyReport:
+        """Re-read every cached object and check size and CRC32C; remove bad entries (they are
+        fetched again on the next read) and files the index does not know. Safe while other
+        processes fill, read and evict. Returns the report."""
+        return verify(self._layout, self._index, self._locks)
+
+    def clear(self) -> None:
+        """Remove every ready entry. Fills in progress keep theirs; files being read stay readable
+        until closed."""
+        clear(self._layout, self._index)
 
     def stats(self) -> CacheStats:
         """This process's counters (a copy)."""
-        with self._mutex:
-            return CacheStats(**{f.name: getattr(self._stats, f.name) for f in fields(CacheStats)})
+        return self._counters.copy()
 
     def usage(self) -> tuple[int, int]:
         """(entries, bytes) in the cache, counting fills in progress."""
-        return self._db().execute("SELECT entries, bytes FROM usage").fetchone()
+        return self._index.usage()
 
     def entries(self) -> list[dict]:
         """Every index row, most recently used first (for inspection)."""
-        self._flush()
-        cur = self._db().execute(
-            "SELECT source, name, version, size, crc32c, state, last_used FROM entries ORDER BY last_used DESC")
-        cols = [c[0] for c in cur.description]
-        return [dict(zip(cols, row)) for row in cur.fetchall()]
+        return self._index.rows()
 
     def __repr__(self) -> str:
         n, used = self.usage()

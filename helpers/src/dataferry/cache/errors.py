@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import errno
+import sqlite3
 
 from dataferry.errors import DataferryError
 from dataferry.sources import SourceError
 
 __all__ = ["ChecksumError", "DamagedAtSource", "DamagedOnDisk", "CacheFolderError", "CacheFullWarning",
-           "CacheIndexWarning", "FillTimeout"]
+           "CacheIndexWarning", "FillTimeout", "disk_full"]
 
 
 class ChecksumError(DataferryError, RuntimeError):
@@ -63,3 +64,10 @@ class CacheIndexWarning(UserWarning):
 
 class FillTimeout(DataferryError, TimeoutError):
     """A fill ran past its deadline while bytes still trickled in (never retried)."""
+
+
+def disk_full(exc: BaseException) -> bool:
+    """The cache's disk (or its index) ran out of space."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return "full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC

@@ -1,83 +1,57 @@
-"""Filling: one object from its source into the cache, verified, crash-safe, within a deadline.
+"""The fill engine: one object from its source into the cache, verified, crash-safe, within a deadline.
 
-A fill downloads to ``tmp/`` while computing CRC32C, resumes after transient errors (the sources'
-:func:`~dataferry.sources.retry_policy`), checks size and checksum, fsyncs and renames into
-``objects/``: a file there is always whole. The whole fill is bounded by ``retry_deadline_s`` (or a
-second per MB, if longer), each wait for bytes by ``STALL_S``; errors of the cache's own disk are
-never retried as if the network had failed, and a disk that fills up makes the read stream instead.
+One coroutine, :meth:`FillEngine.fill`, holds every rule of a fill, whatever the source:
+
+- one download per object per machine: the fill lock, and a look for the file after it is held;
+- room under the budget: a reservation the index writer decides, waited for a while when readers
+  or fills in flight hold the room, refused when the object cannot fit (the read then streams);
+- the bytes, with the source's retries (resuming), checked for size and CRC32C and fetched again
+  when damaged, the whole fill bounded by ``retry_deadline_s`` (or a second per MB, if longer);
+- into place: durable, then renamed into ``objects/``, so a file there is always whole; a fill that
+  fails removes its temp file and its reservation before it lets go of the lock, and a disk that
+  fills up turns into a refusal.
+
+Where it runs is the source's side (:mod:`dataferry.cache.sides`): a bucket's fills on the download
+loop, a folder's to completion on the caller's thread. The synchronous calls run the same coroutine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import errno
-import functools
-import inspect
-import io
 import os
 import sqlite3
 import time
-import warnings
-from typing import BinaryIO
+from dataclasses import dataclass
 
-import google_crc32c
-from google.api_core.exceptions import RetryError
-
-from dataferry import aio
+from dataferry.cache.budget import Budget, Refusal
 from dataferry.cache.checksum import b64
-from dataferry.cache.errors import CacheFolderError, CacheFullWarning, DamagedAtSource, FillTimeout
-from dataferry.cache.layout import printable
-from dataferry.sources import Attempts, Entry, Source, SourceError, fetches_async, is_transient, retry_policy, where
+from dataferry.cache.counters import Counters
+from dataferry.cache.errors import DamagedAtSource, disk_full
+from dataferry.cache.index import Index
+from dataferry.cache.layout import Layout, key, printable
+from dataferry.cache.locks import FillLocks
+from dataferry.cache.sides import OnLoop, OnThread, Side, Sink
+from dataferry.sources import Entry, Source, fetches_async, where
 
-__all__ = ["Filling", "Hashing", "disk_full", "STALL_S"]
+__all__ = ["FillEngine", "Filled", "MIN_FILL_BYTES_PER_S"]
 
-STALL_S = 30.0  # the longest wait for the next byte of a download before it is retried
 MIN_FILL_BYTES_PER_S = 1e6  # a fill may take retry_deadline_s, or a second per MB if that is longer
 
 
-class Hashing:
-    """Writes through to ``out`` while computing CRC32C and counting bytes; past ``deadline``
-    (a ``time.monotonic()`` value) it refuses more, so a trickling link cannot outlast the deadline."""
+@dataclass(frozen=True)
+class Filled:
+    """How one fill ended: ``fetched`` bytes downloaded (0: it was cached already, -1: no room,
+    ``refusal`` says why), or the ``error`` it raised (from :meth:`~dataferry.Cache.fill_many`; a
+    single :meth:`~dataferry.Cache.fill` raises it); ``crc32c`` of the bytes it downloaded."""
 
-    def __init__(self, out: BinaryIO, deadline: float = float("inf")) -> None:
-        self.out, self.n, self.crc, self.deadline = out, 0, google_crc32c.Checksum(), deadline
-
-    def write(self, data: bytes) -> int:
-        if time.monotonic() > self.deadline:
-            raise FillTimeout(f"the deadline passed with {self.n} bytes received")
-        try:
-            self.out.write(data)
-        except OSError as e:
-            raise CacheFolderError.writing(e) from e
-        self.crc.update(data)
-        self.n += len(data)
-        return len(data)
-
-    def restart(self) -> None:
-        self.out.seek(0)
-        self.out.truncate()
-        self.n, self.crc = 0, google_crc32c.Checksum()
-
-
-@functools.lru_cache(maxsize=64)
-def _fetch_takes_timeout(cls: type) -> bool:
-    return "timeout" in inspect.signature(cls.fetch).parameters
-
-
-def takes_timeout(source: Source) -> bool:
-    return _fetch_takes_timeout(type(source))
-
-
-def disk_full(exc: BaseException) -> bool:
-    """The cache's disk (or its index) ran out of space."""
-    if isinstance(exc, sqlite3.OperationalError):
-        return "full" in str(exc)
-    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
-
-
-def source_blip(exc: BaseException) -> bool:
-    """Worth retrying: a transient error of the source, never one of the cache's own disk, nor a deadline."""
-    return not isinstance(exc, (CacheFolderError, FillTimeout)) and is_transient(exc)
+    name: str
+    size: int
+    fetched: int = 0
+    refusal: str = ""
+    error: BaseException | None = None
+    entry: Entry | None = None  # the version filled (None when it could not be looked up)
+    crc32c: str = ""
 
 
 def damage(entry: Entry, n: int, crc: str) -> str:
@@ -89,137 +63,111 @@ def damage(entry: Entry, n: int, crc: str) -> str:
     return ""
 
 
-def damaged(name: str, why: str, downloads: int) -> DamagedAtSource:
-    return DamagedAtSource(f"{name}: {why} after {downloads} downloads; the object or the connection is damaged. "
-                         "Nothing was cached.")
+class FillEngine:
+    """Fills of one cache folder in this process (a forked child makes its own)."""
 
+    def __init__(self, layout: Layout, index: Index, budget: Budget, counters: Counters, locks: FillLocks, *,
+                 max_refetches: int, retry_deadline_s: float) -> None:
+        self.layout, self.budget, self.count = layout, budget, counters.add
+        self.max_refetches, self.retry_deadline_s = max_refetches, retry_deadline_s
+        self.pid = os.getpid()
+        self.on_thread = OnThread(locks, index, counters.add)
+        self.on_loop = OnLoop(locks, index, counters.add, layout.tmp)
 
-def gave_up(name: str, attempts: Attempts, e: RetryError | FillTimeout) -> SourceError:
-    """The error of a download that kept failing (the retry deadline) or did not finish in time."""
-    if isinstance(e, RetryError):
-        return SourceError(f"{attempts.gave_up(f'{name}: the source', e.cause)}; nothing was cached.")
-    return SourceError(f"{attempts.gave_up(f'{name}: the download did not finish', e, 'within')}; nothing was cached.")
+    def __repr__(self) -> str:
+        return f"<FillEngine {self.layout.root}>"
 
+    def side(self, source: Source) -> Side:
+        return self.on_loop if fetches_async(source) else self.on_thread
 
-class Filling:
-    """The :class:`~dataferry.cache.Cache` methods that fill it."""
+    def fill_now(self, source: Source, entry: Entry, ahead: bool = False) -> Filled:
+        """:meth:`fill`, waited for (on the source's side)."""
+        side = self.side(source)
+        return side.run(self.fill(side, source, entry, ahead))
 
-    def fill(self, source: Source, item: Entry | str) -> int:
-        """Make sure the object is cached. Returns the bytes downloaded (0 if it was already
-        there, -1 if it cannot fit in the budget). One download per object per machine: other
-        threads and processes asking for it at the same time wait for this one."""
-        return self._fill(source, item)
+    def stream_now(self, source: Source, entry: Entry) -> bytes:
+        """:meth:`stream`, waited for (on the source's side)."""
+        side = self.side(source)
+        return side.run(self.stream(side, source, entry))
 
-    def _fill(self, source: Source, item: Entry | str, ahead: bool = False) -> int:
-        """:meth:`fill`. A fill ``ahead`` of a reader that waited for someone else's fill of the same
-        object does nothing after it, as on the download loop: that fill was for its own read."""
-        entry = self._entry(source, item)
-        key = self.key(source, entry)
-        path = self._object_path(key)
+    async def fill(self, side: Side, source: Source, entry: Entry, ahead: bool = False) -> Filled:
+        """Make sure ``entry`` is cached. A fill ``ahead`` of a reader that waited for someone else's fill
+        of the same object does nothing after it: that fill was for its own read, which happened."""
+        k = key(source, entry)
+        path = self.layout.object_path(k)
+        cached = Filled(entry.name, entry.size, entry=entry)
         if os.path.exists(path):
-            return 0
+            return cached
         t0 = time.perf_counter()
-        with self._fill_lock(key) as waited:
-            self._count(wait_s=time.perf_counter() - t0)
+        async with side.hold(k) as waited:
+            self.count(wait_s=time.perf_counter() - t0)
             if os.path.exists(path) or (ahead and waited):
-                return 0
-            self._count(misses=1)
-            refusal = self._reserve(source, entry, key)
+                return cached
+            self.count(misses=1)
+            refusal = await self._reserve(side, source, entry, k)
             if refusal is not None:
-                self._local.refusal = refusal.why
-                return -1
+                return Filled(entry.name, entry.size, -1, refusal.why, entry=entry)
+            t0 = time.perf_counter()
+            sink = None
             try:
-                return self._download_into_place(source, entry, key, path)
+                sink = side.sink(self.layout.temp_path(k, self.pid), entry.size)
+                crc = await self._bytes(side, source, entry, sink)
             except BaseException as e:
-                self._cancel_fill(key)
-                if not disk_full(e):
-                    raise
-                self._local.refusal = f"the cache's disk filled up during the download ({self._free()})"
-                return -1
+                return await self._undo(side, k, sink, e, entry)
+            try:
+                await side.place(sink, path, k, crc)
+            except asyncio.CancelledError:
+                raise  # the group it joined puts it in place
+            except BaseException as e:
+                return await self._undo(side, k, sink, e, entry)
+        self.count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
+        return Filled(entry.name, entry.size, entry.size, entry=entry, crc32c=crc)
 
-    @property
-    def last_refusal(self) -> str:
-        """Why this thread's last fill found no room (the reason a read streamed, or a stage skipped)."""
-        return getattr(self._local, "refusal", "")
+    async def stream(self, side: Side, source: Source, entry: Entry) -> bytes:
+        """The object's bytes straight from the source, checked like a fill's, kept nowhere."""
+        sink = Sink("", entry.size, held=True)
+        await self._bytes(side, source, entry, sink)
+        self.count(streamed=1, bytes_from_source=entry.size)
+        return bytes(sink.held or b"")
 
-    def _cancel_fill(self, key: str) -> None:
-        """Drop a failed fill's reservation; on a full disk the index may refuse even that, and the
-        row waits for the next batch of index writes (or the next open) to go."""
-        try:
-            with self._write() as db:
-                db.execute("DELETE FROM entries WHERE key = ? AND state = 'filling'", (key,))
-        except sqlite3.OperationalError as e:
-            if not disk_full(e):
-                raise
-            self._index.forget(key)
+    async def _reserve(self, side: Side, source: Source, entry: Entry, k: str) -> Refusal | None:
+        """Record the fill in progress; while the room is held by readers or fills in flight, wait for it
+        (up to ``ROOM_WAIT_S``). None when reserved, else why not."""
+        for pause in self.budget.room_waits(entry):
+            now = time.time()
+            row = (k, source.uri, printable(entry.name), entry.version, entry.size, self.pid, now, now)
+            try:
+                refusal = await side.reserve(row)
+            except sqlite3.OperationalError as e:
+                refusal = self.budget.index_full(e)
+            if refusal is None or not refusal.transient or pause is None:
+                return refusal
+            await side.pause(pause)
+        return self.budget.too_big(entry)
 
-    def _download_into_place(self, source: Source, entry: Entry, key: str, path: str) -> int:
-        """Download to a temp file, verify, fsync, rename into place. The rename is atomic, so
-        ``objects/`` only ever holds whole, verified files. (The folder is not fsynced: after a
-        power cut a just-renamed file may be missing, never partial; it is fetched again.)"""
-        tmp = f"{self._tmp}/{key}.{os.getpid()}.part"
-        t0 = time.perf_counter()
-        try:
-            with open(tmp, "wb") as f:
-                if fetches_async(source):  # on the download loop, a large object in ranges
-                    crc = aio.run(self._download_async(source, entry, f.fileno()))
-                else:
-                    crc = self._download(source, entry, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        self._index.ready(crc, time.time(), key)
-        self._local.filled = (key, crc)  # what this thread's verified read checks the copy against, index or not
-        self._count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
-        return entry.size
-
-    def _download(self, source: Source, entry: Entry, out: BinaryIO) -> str:
-        """Copy the object into ``out`` with retries (resuming) and checks; returns its CRC32C.
-        The whole fill is bounded by ``retry_deadline_s`` (or a second per MB, if that is longer)."""
-        limit = max(self.retry_deadline_s, entry.size / MIN_FILL_BYTES_PER_S)
-        writer = Hashing(out, time.monotonic() + limit)
+    async def _bytes(self, side: Side, source: Source, entry: Entry, sink: Sink) -> str:
+        """Every byte into ``sink``, checked, fetched again while damaged; returns the CRC32C."""
+        deadline = time.monotonic() + max(self.retry_deadline_s, entry.size / MIN_FILL_BYTES_PER_S)
         for attempt in range(self.max_refetches + 1):
             if attempt:
-                writer.restart()
-                self._count(refetches=1)
-            self._copy_with_retries(source, entry, writer, limit)
-            got = b64(writer.crc)
-            why = damage(entry, writer.n, got)
+                sink.restart()
+                self.count(refetches=1)
+            n, crc = await side.fetch(source, entry, sink, deadline)
+            got = b64(crc)
+            why = damage(entry, n, got)
             if not why:
                 return got
-        raise damaged(where(source, printable(entry.name)), why, self.max_refetches + 1)
+        raise DamagedAtSource(f"{where(source, printable(entry.name))}: {why} after {self.max_refetches + 1} downloads; "
+                              "the object or the connection is damaged. Nothing was cached.")
 
-    def _copy_with_retries(self, source: Source, entry: Entry, writer: Hashing, limit: float) -> None:
-        attempts = Attempts()
-
-        def on_error(exc: BaseException) -> None:
-            attempts(exc)
-            self._count(retries=1)
-
-        def attempt() -> None:
-            left = writer.deadline - time.monotonic()
-            if left <= 0:
-                raise FillTimeout(f"the deadline passed with {writer.n} bytes received")
-            if writer.n < entry.size or entry.size == 0:
-                if takes_timeout(source):
-                    source.fetch(entry, writer, start=writer.n, timeout=min(STALL_S, left))
-                else:  # a Source written before fetch() took a timeout: the writer still keeps the deadline
-                    source.fetch(entry, writer, start=writer.n)
-
-        try:
-            retry_policy(limit, on_error, predicate=source_blip)(attempt)()
-        except (RetryError, FillTimeout) as e:
-            raise gave_up(where(source, printable(entry.name)), attempts, e) from (e.cause if isinstance(e, RetryError) else e)
-
-    def _stream(self, source: Source, entry: Entry) -> bytes:
-        warnings.warn(f"{where(source, printable(entry.name))} ({entry.size / 1e6:.1f} MB) does not fit in the cache "
-                      f"{self}: {self.last_refusal}; reading it straight from the source", CacheFullWarning,
-                      stacklevel=3)
-        buf = io.BytesIO()
-        self._download(source, entry, buf)
-        self._count(streamed=1, bytes_from_source=entry.size)
-        return buf.getvalue()
+    async def _undo(self, side: Side, k: str, sink: Sink | None, e: BaseException, entry: Entry) -> Filled:
+        """A fill that failed: its temp file and its reservation go (before its lock does, so that no later
+        fill's row is taken for it); a refusal if the cache's disk filled up, else ``e`` raised."""
+        if sink is not None:
+            sink.drop()
+        with contextlib.suppress(Exception):  # a disk too full to drop the row drops it with a later batch
+            await side.forget(k, self.pid)
+        if disk_full(e):
+            return Filled(entry.name, entry.size, -1, f"the cache's disk filled up during the download "
+                                                       f"({self.budget.free()})", entry=entry)
+        raise e

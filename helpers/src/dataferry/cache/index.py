@@ -1,131 +1,169 @@
-"""The index: one SQLite database (WAL) per cache folder, and the thread that writes it.
+"""The index of one cache folder in this process: a SQLite connection per thread, write
+transactions, LRU times noted in batches, and the thread that writes it in batches.
 
-Rows are entries (key, source, name, version, size, crc32c, state, pid, last_used); running
-totals are kept by triggers, so no fill has to sum the whole index. Writes go through one
-:class:`IndexWriter` thread per process, in batches ("group commit"), and a file named by a row
-that is deleted is unlinked only after the deletion commits (:func:`release`): a crash or a
-failed statement can roll rows back, never bring back a file.
+Writes go through one :class:`IndexWriter` thread per process ("group commit"); room for a fill is
+decided there by the folder's :class:`~dataferry.cache.budget.Budget`. The index never calls back
+into the cache that owns it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import os
 import queue
-import random
 import sqlite3
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dataferry.cache.errors import CacheFolderError
-from dataferry.cache.fill import disk_full
+from dataferry.cache.budget import Budget, Refusal
+from dataferry.cache.errors import disk_full
+from dataferry.cache.layout import Layout
+from dataferry.cache.store import connect, release
 
-if TYPE_CHECKING:
-    from dataferry.cache.core import Cache
+__all__ = ["Index", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
 
-__all__ = ["SCHEMA_VERSION", "connect", "create", "damaged", "recount", "release", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
-
-SCHEMA_VERSION = 1
 FLUSH_EVERY = 256
 FLUSH_S = 2.0
 IDLE_CHECK_S = 5.0
-OPEN_TIMEOUT_S = 60.0
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
-CREATE TABLE IF NOT EXISTS entries (
-    key TEXT PRIMARY KEY, source TEXT NOT NULL, name TEXT NOT NULL, version TEXT NOT NULL,
-    size INTEGER NOT NULL, crc32c TEXT, state TEXT NOT NULL, pid INTEGER,
-    created REAL NOT NULL, last_used REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS entries_lru ON entries (state, last_used);
--- Running totals, kept by triggers so that no fill has to sum the whole index.
-CREATE TABLE IF NOT EXISTS usage (
-    id INTEGER PRIMARY KEY CHECK (id = 1), entries INTEGER NOT NULL,
-    bytes INTEGER NOT NULL, filling_bytes INTEGER NOT NULL);
-INSERT OR IGNORE INTO usage VALUES (1, 0, 0, 0);
-CREATE TRIGGER IF NOT EXISTS entries_insert AFTER INSERT ON entries BEGIN
-    UPDATE usage SET entries = entries + 1, bytes = bytes + NEW.size,
-        filling_bytes = filling_bytes + (NEW.state = 'filling') * NEW.size;
-END;
-CREATE TRIGGER IF NOT EXISTS entries_delete AFTER DELETE ON entries BEGIN
-    UPDATE usage SET entries = entries - 1, bytes = bytes - OLD.size,
-        filling_bytes = filling_bytes - (OLD.state = 'filling') * OLD.size;
-END;
-CREATE TRIGGER IF NOT EXISTS entries_update AFTER UPDATE OF size, state ON entries BEGIN
-    UPDATE usage SET bytes = bytes - OLD.size + NEW.size,
-        filling_bytes = filling_bytes - (OLD.state = 'filling') * OLD.size
-                                      + (NEW.state = 'filling') * NEW.size;
-END;
-"""
 
 
-def connect(root: Path) -> sqlite3.Connection:
-    """A connection to the folder's index, in WAL mode. Processes that open a new index at once race
-    to switch it to WAL, and SQLite answers the losers 'database is locked' at once, without its busy
-    wait: they try again, with backoff, for up to ``OPEN_TIMEOUT_S``."""
-    deadline, pause = time.monotonic() + OPEN_TIMEOUT_S, 0.005
-    while True:
-        db = sqlite3.connect(root / "index.sqlite", timeout=60, isolation_level=None, check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA recursive_triggers=ON")  # so REPLACE's delete keeps the totals right
-            return db
-        except sqlite3.OperationalError as e:
+class Index:
+    """The index of one cache folder, for this process (a forked child makes its own). ``write_lock``
+    is held by every write transaction of this process, and across a fork."""
+
+    def __init__(self, layout: Layout, budget: Budget, write_lock: threading.RLock) -> None:
+        self.layout, self.budget, self.write_lock = layout, budget, write_lock
+        self._local = threading.local()
+        self._mutex = threading.Lock()
+        self._writer: IndexWriter | None = None
+        self._touched: dict[str, float] = {}
+        self._last_flush = time.time()
+
+    def __repr__(self) -> str:
+        return f"<Index {self.layout.index}>"
+
+    def db(self) -> sqlite3.Connection:
+        """This thread's connection."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = connect(self.layout.index)
+        return db
+
+    def close_connection(self) -> None:
+        """Close this thread's connection (before the index file is set aside)."""
+        db = getattr(self._local, "db", None)
+        if db is not None:
             db.close()
-            if not _busy(e):
+            self._local.db = None
+
+    @contextlib.contextmanager
+    def write(self, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        """A write transaction (on this thread's connection unless one is given)."""
+        db = db or self.db()
+        with self.write_lock:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
                 raise
-            if time.monotonic() > deadline:
-                raise CacheFolderError(errno.EBUSY, f"the index of the cache {root} stayed locked for "
-                                                    f"{OPEN_TIMEOUT_S:g} s: another process holds it (a hung one?); "
-                                                    "stop it, or use another cache folder") from None
+            db.execute("COMMIT")
+
+    @property
+    def writer(self) -> IndexWriter:
+        """The writer thread, started on first use (and again if it stopped)."""
+        if self._writer is None or not self._writer.alive:
+            with self._mutex:
+                if self._writer is None or not self._writer.alive:
+                    self._writer = IndexWriter(self)
+        return self._writer
+
+    # -- uses, for LRU -------------------------------------------------------------------------
+
+    def used(self, key: str) -> None:
+        """Note a use for LRU; sent to the writer in batches, not on every hit."""
+        now = time.time()
+        self._touched[key] = now
+        if len(self._touched) >= FLUSH_EVERY or now - self._last_flush > FLUSH_S:
+            with self._mutex:
+                touched, self._touched = self._touched, {}
+                self._last_flush = now
+            self.writer.touch(touched)
+
+    def rank_now(self, ranks: dict[str, float]) -> None:
+        """Send these LRU times to the writer now, after the uses noted before them (the order they happened)."""
+        with self._mutex:
+            self._touched.update(ranks)
+            touched, self._touched = self._touched, {}
+            self._last_flush = time.time()
+        self.writer.touch(touched)
+
+    def flush(self) -> None:
+        """Wait until every pending index write of this process is applied."""
+        with self._mutex:
+            touched, self._touched = self._touched, {}
+        if touched:
+            self.writer.touch(touched)
+        if self._writer is not None or touched:
+            self.writer.flush()
+
+    def forget_uses(self) -> None:
+        with self._mutex:
+            self._touched.clear()
+
+    # -- reads and small writes ----------------------------------------------------------------
+
+    def usage(self) -> tuple[int, int]:
+        """(entries, bytes), counting fills in progress."""
+        return self.db().execute("SELECT entries, bytes FROM usage").fetchone()
+
+    def rows(self) -> list[dict]:
+        """Every row, most recently used first."""
+        self.flush()
+        cur = self.db().execute(
+            "SELECT source, name, version, size, crc32c, state, last_used FROM entries ORDER BY last_used DESC")
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def stored_crc(self, key: str) -> str | None:
+        """The CRC32C computed when ``key`` was filled: one query, and a wait for this process's pending
+        writes only when its row is not marked ready yet (it was filled a moment ago)."""
+        for pending in (False, True):
+            if pending:
+                self.flush()
+            row = self.db().execute("SELECT crc32c FROM entries WHERE key = ?", (key,)).fetchone()
+            if row and row[0]:
+                return row[0]
+        return None
+
+    def discard(self, key: str) -> None:
+        """Drop an entry and its file (the file once the row's deletion committed)."""
+        doomed: list[tuple[str, int]] = []
+        try:
+            with self.write() as db:
+                db.execute("DELETE FROM entries WHERE key = ?", (key,))
+                doomed.append((self.layout.object_path(key), -1))
         except BaseException:
-            db.close()
+            release(doomed, unlink=False)
             raise
-        time.sleep(pause * (0.5 + random.random()))
-        pause = min(2 * pause, 0.5)
+        release(doomed, unlink=True)
 
-
-def _busy(e: sqlite3.OperationalError) -> bool:
-    return "locked" in str(e) or "busy" in str(e)
-
-
-def damaged(e: sqlite3.DatabaseError) -> bool:
-    """Whether ``e`` says the index file is not a sound database (garbage, corrupt, or truncated: a short
-    read), not that its disk is failing (any other I/O error)."""
-    if getattr(e, "sqlite_errorname", "") in ("SQLITE_NOTADB", "SQLITE_CORRUPT", "SQLITE_IOERR_SHORT_READ"):
-        return True
-    return any(why in str(e) for why in ("not a database", "malformed", "database corrupt"))
-
-
-def recount(db: sqlite3.Connection) -> None:
-    """Inside a write transaction: set the running totals from the rows (any drift goes)."""
-    db.execute("""UPDATE usage SET
-        entries = (SELECT count(*) FROM entries), bytes = (SELECT coalesce(sum(size), 0) FROM entries),
-        filling_bytes = (SELECT coalesce(sum(size), 0) FROM entries WHERE state = 'filling')""")
-
-
-def create(db: sqlite3.Connection) -> None:
-    """Make the tables, totals and triggers (once)."""
-    db.executescript(SCHEMA)
-    db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-
-
-def release(doomed: list[tuple[str, int]], unlink: bool) -> None:
-    """Unlink evicted files (after their rows' deletion committed) and drop the locks that kept
-    readers out meanwhile; ``unlink=False`` (the transaction failed) keeps every file."""
-    for path, fd in doomed:
-        if unlink:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        if fd >= 0:
-            os.close(fd)
-    doomed.clear()
+    def prune(self, limit: int) -> int:
+        """Evict LRU entries no reader holds until at most ``limit`` bytes are cached; how many went."""
+        self.flush()
+        doomed: list[tuple[str, int]] = []
+        try:
+            with self.write() as db:
+                evicted = self.budget.prune(db, limit, doomed)
+        except BaseException:
+            release(doomed, unlink=False)
+            raise
+        release(doomed, unlink=True)
+        return evicted
 
 
 class IndexWriter:
@@ -134,13 +172,13 @@ class IndexWriter:
     Under a pool of staging threads, a write per fill serialises every fill behind the GIL: each
     sqlite call releases it, and taking it back can wait a whole switch interval. Here a batch
     of any size costs a handful of sqlite calls. Reservations wait for their answer; finished
-    fills and LRU times are fire-and-forget, and each queued write holds its cache, so a cache
-    dropped (``stage(source, Cache(...))``) or a process exiting meanwhile still applies them
-    (a crash before they are written leaves rows that ``Cache._recover`` completes at the next open).
+    fills and LRU times are fire-and-forget, and each queued write holds its :class:`Index`, so a
+    cache dropped (``stage(source, Cache(...))``) or a process exiting meanwhile still applies them
+    (a crash before they are written leaves rows that recovery completes at the next open).
     """
 
-    def __init__(self, cache: Cache) -> None:
-        self._cache_ref = weakref.ref(cache)  # the thread must not keep its cache alive
+    def __init__(self, index: Index) -> None:
+        self._index_ref = weakref.ref(index)  # the thread must not keep its index alive
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._later: list = []  # finished fills and cancellations a full disk refused: tried with the next batch
         self._outbox: list = []  # writes of the download loop's current turn
@@ -149,12 +187,13 @@ class IndexWriter:
         self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
         self._thread.start()
 
-    def reserve(self, row: tuple) -> bool:
+    def reserve(self, row: tuple) -> Refusal | None:
+        """Ask for room for a fill (``row``: its index row); None when reserved, else why not."""
         fut: Future = Future()
         self._put("reserve", row, fut)
         return self._wait(fut)
 
-    async def reserve_async(self, row: tuple) -> Any:
+    async def reserve_async(self, row: tuple) -> Refusal | None:
         """:meth:`reserve` for a coroutine on the download loop. The answers of one batch come
         back to the loop in one hand-over; a writer that has stopped fails it at once."""
         fut = asyncio.get_running_loop().create_future()
@@ -167,19 +206,29 @@ class IndexWriter:
     def touch(self, touched: dict[str, float]) -> None:
         self._put("touch", touched)
 
-    def forget(self, key: str) -> None:
-        self._put("forget", key)
+    def forget(self, key: str, pid: int) -> Future:
+        """Drop the reservation of a fill by ``pid`` that failed; the future ends once it is dropped (a full
+        disk fails it, and the row goes with a later batch)."""
+        fut: Future = Future()
+        self._put("forget", (key, pid), fut)
+        return fut
+
+    async def forget_async(self, key: str, pid: int) -> None:
+        """:meth:`forget` for a coroutine on the download loop, which awaits its answer."""
+        fut = asyncio.get_running_loop().create_future()
+        self._put("forget", (key, pid), fut)
+        await fut
 
     def flush(self) -> None:
         fut: Future = Future()
         self._put("flush", None, fut)
         self._wait(fut)
 
-    def _put(self, kind: str, args: Any, fut: Future | None = None) -> None:
+    def _put(self, kind: str, args: Any, fut: Future | asyncio.Future | None = None) -> None:
         """Queue a write with a strong reference to its cache: the cache lives until it is applied.
         On the download loop, the writes of one turn of the loop go as one item (one wake-up of
         this thread, not one per fill)."""
-        item = (kind, args, fut, self._cache_ref())
+        item = (kind, args, fut, self._index_ref())
         if threading.current_thread().name != "dataferry-aio":
             self._enqueue(item)
             return
@@ -224,16 +273,16 @@ class IndexWriter:
             self._stop_taking()
 
     def _serve(self) -> None:
-        cache = self._cache_ref()
-        if cache is None:
+        index = self._index_ref()
+        if index is None:
             return
-        db = cache._connect()
-        del cache
+        db = connect(index.layout.index)
+        del index
         while True:
             try:
                 batch = [self._queue.get(timeout=IDLE_CHECK_S)]
             except queue.Empty:
-                if self._cache_ref() is None:  # the cache is gone and nothing is queued: so is this thread
+                if self._index_ref() is None:  # the index is gone and nothing is queued: so is this thread
                     db.close()
                     return
                 continue
@@ -244,37 +293,37 @@ class IndexWriter:
                     break
             batch, self._later = self._later + _flat(batch), []
             stop = any(item[0] == "stop" for item in batch)
-            cache = self._cache_ref()  # alive: every queued item holds it
+            index = self._index_ref()  # alive: every queued item holds it
             try:
-                self._commit(cache, db, [item for item in batch if item[0] != "stop"])
+                self._commit(index, db, [item for item in batch if item[0] != "stop"])
             finally:
-                del cache, batch
+                del index, batch
             if stop:  # the thread ends after this batch
                 db.close()
                 return
 
-    def _commit(self, cache: Cache | None, db: sqlite3.Connection, batch: list) -> None:
+    def _commit(self, index: Index | None, db: sqlite3.Connection, batch: list) -> None:
         """Apply a batch in one transaction; if it fails, item by item, so that one bad request
         fails alone and every other finished fill is still marked ready."""
         try:
-            if cache is None:
+            if index is None:
                 raise RuntimeError("the cache was closed")
-            self._answer(self._transaction(cache, db, batch))
+            self._answer(self._transaction(index, db, batch))
             return
         except BaseException as e:  # noqa: BLE001 - retried one by one below
-            if len(batch) == 1 or cache is None:
+            if len(batch) == 1 or index is None:
                 if batch[0][0] in ("ready", "forget") and disk_full(e):
-                    self._later += batch  # the disk may have room again by the next batch
+                    self._later += [(kind, args, None, owner) for kind, args, _, owner in batch]  # room by the next batch?
                 _settle(batch, e)
                 return
         for item in batch:
-            self._commit(cache, db, [item])
+            self._commit(index, db, [item])
 
-    def _transaction(self, cache: Cache, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
+    def _transaction(self, index: Index, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
         doomed: list[tuple[str, int]] = []
         try:
-            with cache._write(db):
-                answers = self._apply(cache, db, batch, doomed)
+            with index.write(db):
+                answers = self._apply(index, db, batch, doomed)
         except BaseException:
             release(doomed, unlink=False)
             raise
@@ -294,7 +343,7 @@ class IndexWriter:
             _hand_over(loop, settled)
 
     @staticmethod
-    def _apply(cache: Cache, db: sqlite3.Connection, batch: list, doomed: list) -> list[tuple[Future, Any]]:
+    def _apply(index: Index, db: sqlite3.Connection, batch: list, doomed: list) -> list[tuple[Future, Any]]:
         ready = [args for kind, args, _, _ in batch if kind == "ready"]
         touched: dict[str, float] = {}
         for kind, args, _, _ in batch:
@@ -303,11 +352,12 @@ class IndexWriter:
         # Finished fills and recent uses first, so the LRU order the reservations see is current.
         db.executemany("UPDATE entries SET state = 'ready', crc32c = ?, last_used = ? WHERE key = ?", ready)
         db.executemany("UPDATE entries SET last_used = ? WHERE key = ?", [(t, k) for k, t in touched.items()])
-        db.executemany("DELETE FROM entries WHERE key = ? AND state = 'filling'",
-                       [(key,) for kind, key, _, _ in batch if kind == "forget"])
-        answers: list[tuple[Future, Any]] = [(fut, None) for kind, _, fut, _ in batch if kind == "flush"]
+        db.executemany("DELETE FROM entries WHERE key = ? AND state = 'filling' AND pid = ?",
+                       [args for kind, args, _, _ in batch if kind == "forget"])
+        answers: list[tuple[Future, Any]] = [(fut, None) for kind, _, fut, _ in batch
+                                             if kind in ("flush", "forget") and fut is not None]
         wants = [(args, fut) for kind, args, fut, _ in batch if kind == "reserve"]
-        return answers + (cache._decide(db, wants, doomed) if wants else [])
+        return answers + (index.budget.decide(db, wants, doomed) if wants else [])
 
 
 def _flat(items: list) -> list:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from dataferry.cache.errors import CacheFolderError
 from dataferry.sources import Entry, Source
+from dataferry.sources.base import CHUNK
 
-__all__ = ["key", "lay_out", "utf8", "printable", "CHUNK"]
+__all__ = ["Layout", "key", "utf8", "printable", "CHUNK"]
 
-CHUNK = 1 << 20
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# dataferry cache: safe to delete\n"
 
 
@@ -40,16 +40,61 @@ def key(source: Source, entry: Entry) -> str:
     return hashlib.sha256(utf8(f"{source.uri}\0{entry.name}\0{entry.version}")).hexdigest()
 
 
-def lay_out(root: Path) -> None:
-    """Make the folder's layout (once) and check it is writable: :class:`CacheFolderError` if not."""
-    try:
-        if not (root / "objects" / "ff").is_dir():
-            for sub in ("tmp", "locks", *(f"objects/{i:02x}" for i in range(256))):
-                (root / sub).mkdir(parents=True, exist_ok=True)
-        tag = root / "CACHEDIR.TAG"
-        if not tag.exists():
-            tag.write_text(_TAG)
-        if not os.access(root, os.W_OK):
-            raise PermissionError(13, "read-only")
-    except OSError as e:
-        raise CacheFolderError.opening(root, e) from None
+class Layout:
+    """Every path of one cache folder (the map above): no other module joins a path under it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.objects, self.tmp, self.locks = (str(root / sub) for sub in ("objects", "tmp", "locks"))
+        self.index = root / "index.sqlite"
+        self.index_lock = f"{self.locks}/index.lock"
+        self.fill_lock = f"{self.locks}/fill.lock"
+
+    def __repr__(self) -> str:
+        return f"Layout({str(self.root)!r})"
+
+    def object_path(self, key: str) -> str:
+        return f"{self.objects}/{key[:2]}/{key}"
+
+    def set_aside_path(self, stamp: str) -> Path:
+        """Where a damaged index is moved, for a post-mortem."""
+        return self.index.with_name(f"index.sqlite.damaged-{stamp}-{os.getpid()}")
+
+    def temp_path(self, key: str, pid: int) -> str:
+        return f"{self.tmp}/{key}.{pid}.part"
+
+    @staticmethod
+    def temp_pid(name: str) -> int:
+        """The process that writes the temp file ``name`` (-1 when the name is not one of ours)."""
+        try:
+            return int(name.split(".")[-2])
+        except (ValueError, IndexError):
+            return -1
+
+    def shelves(self) -> list[str]:
+        """The folders under ``objects/`` (one per first two hex digits of a key), in order."""
+        return sorted(os.listdir(self.objects))
+
+    def shelf(self, sub: str) -> str:
+        return f"{self.objects}/{sub}"
+
+    @staticmethod
+    def data_folders(root: Path) -> list[Path]:
+        """Where a cache folder keeps its data (whole objects and fills in progress); ``[root]`` for a
+        folder that is not a dataferry cache."""
+        return [root / "objects", root / "tmp"] if (root / "index.sqlite").exists() else [root]
+
+    def make(self) -> None:
+        """Make the folder's layout (once) and check it is writable: :class:`CacheFolderError` if not."""
+        root = self.root
+        try:
+            if not (root / "objects" / "ff").is_dir():
+                for sub in ("tmp", "locks", *(f"objects/{i:02x}" for i in range(256))):
+                    (root / sub).mkdir(parents=True, exist_ok=True)
+            tag = root / "CACHEDIR.TAG"
+            if not tag.exists():
+                tag.write_text(_TAG)
+            if not os.access(root, os.W_OK):
+                raise PermissionError(13, "read-only")
+        except OSError as e:
+            raise CacheFolderError.opening(root, e) from None

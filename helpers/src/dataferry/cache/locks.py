@@ -49,8 +49,8 @@ def _request(kind: int, offset: int) -> bytes:
 class FillLocks:
     """The fill locks of one cache folder, for this process: one open file description per thread."""
 
-    def __init__(self, locks_dir: str) -> None:
-        self.path = f"{locks_dir}/fill.lock"
+    def __init__(self, path: str) -> None:
+        self.path = path
         self._local = threading.local()
 
     def _file(self) -> Any:
@@ -86,7 +86,7 @@ class FillLocks:
 
 
 def renew_after_fork(obj: Any) -> None:
-    """Keep ``obj`` safe across ``fork()`` while it lives: its write lock ``obj._writer`` is held
+    """Keep ``obj`` safe across ``fork()`` while it lives: its write lock ``obj._write_lock`` is held
     while the process forks, so no index transaction is half-done in the child's copy of SQLite's
     lock bookkeeping (a child would wait on a lock no thread of its own will ever release), and the
     child calls ``obj._init_process_state()`` at once for fresh locks, connections and counters."""
@@ -98,13 +98,13 @@ _HELD: list[Any] = []
 
 def _before_fork() -> None:
     for obj in sorted(_LIVE, key=id):  # one order everywhere: two forking threads cannot deadlock
-        obj._writer.acquire()
+        obj._write_lock.acquire()
         _HELD.append(obj)
 
 
 def _after_fork_in_parent() -> None:
     while _HELD:
-        _HELD.pop()._writer.release()
+        _HELD.pop()._write_lock.release()
 
 
 def _after_fork_in_child() -> None:

@@ -8,8 +8,7 @@ and the loop is woken once for the group. Fills that finish while a group is on 
 next one (group commit). The loop thread never opens, writes or renames a small object's file:
 it carries every download at once, and creating a file in a fresh ext4 folder costs about 0.1 ms
 of CPU. A file under ``objects/`` is whole after a crash or a power cut, as before; the group also
-does the index bookkeeping, so a fill whose coroutine is cancelled mid-way is still finished or
-undone properly.
+marks rows ready, so a fill whose coroutine is cancelled mid-way is still finished properly.
 """
 
 from __future__ import annotations
@@ -59,8 +58,8 @@ class Placing:
     async def put(self, index: Any, tmp: str, path: str, key: str, crc: str,
                   held: bytes | bytearray | None) -> None:
         """Return once the fill is in place and its row marked ready (or raise why it is not: then
-        its temp file and row are gone). ``index`` is the cache's :class:`IndexWriter`. The group
-        finishes a fill whose caller is cancelled."""
+        its temp file is gone). ``index`` is the cache's :class:`~dataferry.cache.index.IndexWriter`.
+        The group finishes a fill whose caller is cancelled."""
         finished = _Finished(index, tmp, path, key, crc, held, asyncio.get_running_loop().create_future())
         self._next.append(finished)
         if not self._running:
@@ -82,8 +81,7 @@ class Placing:
                     if finished.error is None:
                         finished.index.ready(finished.crc, now, finished.key)
                         finished.done.set_result(None)
-                    else:
-                        finished.index.forget(finished.key)
+                    else:  # its temp file is gone; the fill engine drops its row
                         finished.done.set_exception(finished.error)
                         finished.done.exception()  # seen here: a cancelled caller never retrieves it
         finally:

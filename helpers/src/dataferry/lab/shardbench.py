@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dataferry.cache.layout import Layout
 from dataferry.lab.core import Lab
 from dataferry.lab.profiles import PROFILES
 
@@ -48,8 +49,7 @@ def _count_file_batch(batch: list[bytes]) -> tuple[int, int]:
 def _data_files(folder: Path) -> list[str]:
     """The cached data under ``folder``: dataferry's cache keeps it in ``objects/`` and ``tmp/`` (its index
     beside them), webdataset's in the folder itself."""
-    dirs = [folder / "objects", folder / "tmp"] if (folder / "index.sqlite").exists() else [folder]
-    return [os.path.join(d, f) for top in dirs for d, _, fs in os.walk(top) for f in fs]
+    return [os.path.join(d, f) for top in Layout.data_folders(folder) for d, _, fs in os.walk(top) for f in fs]
 
 
 def _disk_bytes(folder: Path) -> int:
@@ -265,7 +265,7 @@ def bench_shards(out: str | os.PathLike[str] = "build/bench/shards.json", *, sam
         lab.down()
         shutil.rmtree(work, ignore_errors=True)
     where = f"{prof.label} on {platform.node()}"
-    results = {"experiment": "shards", "where": where, "profile": {"name": prof.name, "rtt_ms": prof.rtt_ms,
+    results: dict[str, Any] = {"experiment": "shards", "where": where, "profile": {"name": prof.name, "rtt_ms": prof.rtt_ms,
                                                                    "bandwidth_MBps": prof.bandwidth_MBps},
                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "samples": samples, "sample_bytes": sample_bytes,
                "files_bytes": ds.total_bytes, "shards": len(made), "shards_bytes": data_bytes, "budget_bytes": budget,

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import errno
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dataferry.sources.base import SourceError
 
-__all__ = ["is_transient", "retry_policy", "Attempts"]
+if TYPE_CHECKING:
+    from google.api_core.retry import Retry
+    from google.api_core.retry_async import AsyncRetry
 
+__all__ = ["is_transient", "retry_policy", "retry_policy_async", "Attempts"]
+
+BACKOFF = {"initial": 0.1, "maximum": 5.0, "multiplier": 2.0}  # seconds: the first pause, the longest, the growth
 _TRANSIENT_ERRNOS = {errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED,
                      errno.EPIPE, errno.EAGAIN}
 
@@ -42,13 +49,13 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def retry_policy(deadline_s: float, on_error, predicate=is_transient):
+def retry_policy(deadline_s: float, on_error: Callable[[BaseException], None],
+                 predicate: Callable[[BaseException], bool] = is_transient) -> Retry:
     """The one retry policy of listings and fills: backoff from 0.1 s to 5 s for ``deadline_s``,
     retrying what ``predicate`` calls transient; ``on_error`` sees every failed attempt."""
     from google.api_core.retry import Retry
 
-    return Retry(predicate=predicate, initial=0.1, maximum=5.0, multiplier=2.0, timeout=deadline_s,
-                 on_error=on_error)
+    return Retry(predicate=predicate, timeout=deadline_s, on_error=on_error, **BACKOFF)
 
 
 class Attempts:
@@ -66,3 +73,11 @@ class Attempts:
         n = len(self.errors) + 1
         return SourceError(f"{what} {how} {time.monotonic() - self.t0:.0f} s ({n} attempt{'s' * (n != 1)}; "
                            f"last error: {cause!r}). Check the connection and try again")
+
+
+def retry_policy_async(deadline_s: float, on_error: Callable[[BaseException], None],
+                       predicate: Callable[[BaseException], bool] = is_transient) -> AsyncRetry:
+    """:func:`retry_policy` for coroutines: the same backoff and deadline, awaited on an event loop."""
+    from google.api_core.retry_async import AsyncRetry
+
+    return AsyncRetry(predicate=predicate, timeout=deadline_s, on_error=on_error, **BACKOFF)

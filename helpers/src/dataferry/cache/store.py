@@ -1,0 +1,155 @@
+"""The index file: one SQLite database (WAL) per cache folder, its schema and the statements that
+need no writer thread.
+
+Rows are entries (key, source, name, version, size, crc32c, state, pid, last_used); running
+totals are kept by triggers, so no fill has to sum the whole index. A file named by a row that
+is deleted is unlinked only after the deletion commits (:func:`release`): a crash or a failed
+statement can roll rows back, never bring back a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import sqlite3
+import time
+from pathlib import Path
+
+from dataferry.cache.checksum import file_crc
+from dataferry.cache.errors import CacheFolderError
+from dataferry.cache.layout import Layout
+from dataferry.host import pid_alive
+
+__all__ = ["SCHEMA_VERSION", "connect", "create", "damaged", "still_damaged", "recount", "release",
+           "reclaim_dead_fills"]
+
+SCHEMA_VERSION = 1
+OPEN_TIMEOUT_S = 60.0
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
+CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY, source TEXT NOT NULL, name TEXT NOT NULL, version TEXT NOT NULL,
+    size INTEGER NOT NULL, crc32c TEXT, state TEXT NOT NULL, pid INTEGER,
+    created REAL NOT NULL, last_used REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS entries_lru ON entries (state, last_used);
+-- Running totals, kept by triggers so that no fill has to sum the whole index.
+CREATE TABLE IF NOT EXISTS usage (
+    id INTEGER PRIMARY KEY CHECK (id = 1), entries INTEGER NOT NULL,
+    bytes INTEGER NOT NULL, filling_bytes INTEGER NOT NULL);
+INSERT OR IGNORE INTO usage VALUES (1, 0, 0, 0);
+CREATE TRIGGER IF NOT EXISTS entries_insert AFTER INSERT ON entries BEGIN
+    UPDATE usage SET entries = entries + 1, bytes = bytes + NEW.size,
+        filling_bytes = filling_bytes + (NEW.state = 'filling') * NEW.size;
+END;
+CREATE TRIGGER IF NOT EXISTS entries_delete AFTER DELETE ON entries BEGIN
+    UPDATE usage SET entries = entries - 1, bytes = bytes - OLD.size,
+        filling_bytes = filling_bytes - (OLD.state = 'filling') * OLD.size;
+END;
+CREATE TRIGGER IF NOT EXISTS entries_update AFTER UPDATE OF size, state ON entries BEGIN
+    UPDATE usage SET bytes = bytes - OLD.size + NEW.size,
+        filling_bytes = filling_bytes - (OLD.state = 'filling') * OLD.size
+                                      + (NEW.state = 'filling') * NEW.size;
+END;
+"""
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection to the folder's index, in WAL mode. Processes that open a new index at once race
+    to switch it to WAL, and SQLite answers the losers 'database is locked' at once, without its busy
+    wait: they try again, with backoff, for up to ``OPEN_TIMEOUT_S``."""
+    deadline, pause = time.monotonic() + OPEN_TIMEOUT_S, 0.005
+    while True:
+        db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA recursive_triggers=ON")  # so REPLACE's delete keeps the totals right
+            return db
+        except sqlite3.OperationalError as e:
+            db.close()
+            if not _busy(e):
+                raise
+            if time.monotonic() > deadline:
+                raise CacheFolderError(errno.EBUSY, f"the index of the cache {path.parent} stayed locked for "
+                                                    f"{OPEN_TIMEOUT_S:g} s: another process holds it (a hung one?); "
+                                                    "stop it, or use another cache folder") from None
+        except BaseException:
+            db.close()
+            raise
+        time.sleep(pause * (0.5 + random.random()))
+        pause = min(2 * pause, 0.5)
+
+
+def _busy(e: sqlite3.OperationalError) -> bool:
+    return "locked" in str(e) or "busy" in str(e)
+
+
+def damaged(e: sqlite3.DatabaseError) -> bool:
+    """Whether ``e`` says the index file is not a sound database (garbage, corrupt, or truncated: a short
+    read), not that its disk is failing (any other I/O error)."""
+    if getattr(e, "sqlite_errorname", "") in ("SQLITE_NOTADB", "SQLITE_CORRUPT", "SQLITE_IOERR_SHORT_READ"):
+        return True
+    return any(why in str(e) for why in ("not a database", "malformed", "database corrupt"))
+
+
+def recount(db: sqlite3.Connection) -> None:
+    """Inside a write transaction: set the running totals from the rows (any drift goes)."""
+    db.execute("""UPDATE usage SET
+        entries = (SELECT count(*) FROM entries), bytes = (SELECT coalesce(sum(size), 0) FROM entries),
+        filling_bytes = (SELECT coalesce(sum(size), 0) FROM entries WHERE state = 'filling')""")
+
+
+def create(db: sqlite3.Connection) -> None:
+    """Make the tables, totals and triggers (once)."""
+    db.executescript(SCHEMA)
+    db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+
+
+def release(doomed: list[tuple[str, int]], unlink: bool) -> None:
+    """Unlink evicted files (after their rows' deletion committed) and drop the locks that kept
+    readers out meanwhile; ``unlink=False`` (the transaction failed) keeps every file."""
+    for path, fd in doomed:
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if fd >= 0:
+            os.close(fd)
+    doomed.clear()
+
+
+def still_damaged(path: Path) -> bool:
+    """Whether the index file ``path`` still fails to open (another process may have set it aside first)."""
+    try:
+        db = connect(path)
+    except sqlite3.DatabaseError as e:
+        return damaged(e)
+    try:
+        create(db)
+        db.execute("SELECT count(*) FROM entries").fetchone()
+        return False
+    except sqlite3.DatabaseError as e:
+        return damaged(e)
+    finally:
+        db.close()
+
+
+def reclaim_dead_fills(db: sqlite3.Connection, layout: Layout, doomed: list[tuple[str, int]]) -> bool:
+    """Inside a write transaction: finish or drop the fills of processes that died. A file
+    renamed into place but not yet marked ready was verified before the rename, so a
+    right-sized one is whole; anything else goes. True when anything changed."""
+    changed = False
+    for key, pid, size, crc in db.execute(
+            "SELECT key, pid, size, crc32c FROM entries WHERE state = 'filling'").fetchall():
+        if pid_alive(pid):
+            continue
+        changed = True
+        path = Path(layout.object_path(key))
+        if path.exists() and path.stat().st_size == size:
+            db.execute("UPDATE entries SET state = 'ready', crc32c = ? WHERE key = ?",
+                       (crc or file_crc(path)[1], key))
+        else:
+            doomed.append((str(path), -1))
+            db.execute("DELETE FROM entries WHERE key = ?", (key,))
+    return changed

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export DATAFERRY_TOOLS ?= $(CURDIR)/build/tools
 PYTEST_ARGS ?=
 
-.PHONY: venv tools browser colab-venv colab-rehearsal test course lab lab-down bench-cache bench-shards bench-train bench-lab clean
+.PHONY: venv tools browser colab-venv colab-rehearsal test typecheck course lab lab-down bench-cache bench-shards bench-train bench-lab clean
 
 $(STAMP): helpers/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dataferry needs Python >= 3.10; set PYTHON=python3.x")'
@@ -35,8 +35,12 @@ colab-venv: venv
 colab-rehearsal: tools colab-venv
 	$(PY) scripts/colab_rehearsal.py
 
-test: tools browser colab-venv
+test: tools browser colab-venv typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# mypy over the package, as helpers/pyproject.toml sets it (the cache's parts fully annotated).
+typecheck: venv
+	cd helpers && ../$(PY) -m mypy
 
 course: tools
 	$(PY) scripts/course.py

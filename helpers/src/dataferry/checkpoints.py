@@ -222,7 +222,7 @@ class Checkpoints:
         folder = Path(to or self.work)
         with self._local_errors("make the folder to fetch into"):
             folder.mkdir(parents=True, exist_ok=True)
-        skipped = []
+        skipped: list[str] = []
         for saved in reversed(recorded):
             problem = self._fetch_one(saved, folder)
             if problem is None:

@@ -40,7 +40,7 @@ IP_LOOKUP_URL = "https://ipinfo.io/json"
 #: The 2020 post the course revisits ("Large datasets on Colab", 18 September 2020) and the sentences
 #: the lessons quote from it, word for word; lessons print them with :func:`post_quote`, never paraphrase
 #: a number of it.
-POST_2020 = {
+POST_2020: dict[str, Any] = {
     "title": "Large datasets on Colab",
     "url": "https://sharkovsky.github.io/2020/09/18/colab-io-bench.html",
     "quotes": {

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import io
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from typing import Any, cast
 
 from torch.utils.data import Dataset, Sampler
 
@@ -215,7 +215,7 @@ class PrefetchingSampler(Sampler[int]):
         self.prefetcher: Prefetcher | None = None
 
     def __len__(self) -> int:
-        return len(self.sampler)
+        return len(cast(Sized, self.sampler))
 
     def __iter__(self) -> Iterator[int]:
         order = array("q", self.sampler)  # 8 bytes a sample, not a list of ints

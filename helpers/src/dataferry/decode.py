@@ -75,7 +75,7 @@ def decode_image(data: bytes, size: int, draft: bool = True) -> bytes:
     scale = size / min(w, h)
     rw, rh = max(size, round(w * scale)), max(size, round(h * scale))
     left, top = (rw - size) // 2, (rh - size) // 2
-    return rgb.resize((rw, rh), Image.BILINEAR, reducing_gap=None).crop(
+    return rgb.resize((rw, rh), Image.Resampling.BILINEAR, reducing_gap=None).crop(
         (left, top, left + size, top + size)).tobytes()
 
 

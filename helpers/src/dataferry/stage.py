@@ -7,6 +7,7 @@ per-request latency overlaps; with ``rank``/``world_size`` each of N processes s
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import warnings
@@ -225,7 +226,7 @@ class Prefetcher:
                 self._in_flight += share * len(futures)
                 for fut in futures:
                     self._futures.append(fut)
-                    fut.add_done_callback(lambda fut, share=share: self._finished(fut, share))
+                    fut.add_done_callback(functools.partial(self._finished, share=share))
             self._prune()
         finally:
             self._topping = False

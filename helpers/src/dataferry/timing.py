@@ -222,7 +222,7 @@ class Results:
 
     def add(self, **values: Any) -> dict[str, Any]:
         """Append one row now (flushed to the OS at once). ``MBps`` follows from bytes and ns."""
-        row = {c: "" for c in COLUMNS}
+        row: dict[str, Any] = {c: "" for c in COLUMNS}
         row.update(run_id=self.run_id, time_utc=_now(), retries=0, bucket_location=self.meta.get("bucket_location") or "")
         unknown = set(values) - set(COLUMNS)
         if unknown:

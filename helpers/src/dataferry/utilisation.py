@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -107,7 +108,7 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
     an error row); returns the rows."""
     rng = random.Random(seed)
     emulated = isinstance(compute, ComputeProfile)
-    name = compute.name if emulated else f"{compute.mode}:{compute.name}"
+    name = compute.name if isinstance(compute, ComputeProfile) else f"{compute.mode}:{compute.name}"
     rows: list[dict] = []
     common = {"region": region.region, "region_source": region.source, "runtime": runtime_kind, "compute_profile": name,
               "phase": "train", "file_bytes": target.mean_file_bytes}
@@ -144,7 +145,7 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
                         if progress is not None:
                             progress.update(1)
 
-                    feed(loader, EmulatedCompute(compute) if emulated else compute, epochs=epochs,
+                    feed(loader, EmulatedCompute(compute) if isinstance(compute, ComputeProfile) else compute, epochs=epochs,
                          before_epoch=before, on_epoch=on_epoch)
             except Exception as e:  # noqa: BLE001 - a failed method is a row, not the end of the run
                 rows.append(results.add(**common, method=method, repeat=repeat, **{"pass": 0},
@@ -190,7 +191,7 @@ def bench_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], sou
 
 def run_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], target: Target,
            regions: Sequence[tuple[contextlib.AbstractContextManager, Any]], methods: Sequence[str], *, where: str,
-           out: str | Path, json_path: str | Path | None, epochs: int, repeats: int, batch_size: int, workers: int,
+           out: str | os.PathLike[str], json_path: str | os.PathLike[str] | None, epochs: int, repeats: int, batch_size: int, workers: int,
            seed: int, work: Path, say: Callable[[str], None]) -> dict:
     """The AU comparison once its files are chosen: each of ``regions`` (the context that makes it so,
     and its :class:`~dataferry.runtime.Region`) x each compute profile x each method, ``repeats`` times;

@@ -8,7 +8,7 @@ import re
 import urllib.parse
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dataferry.lab.datasets import LogNormal, SyntheticDataset, plan_dataset
 from dataferry.lab.errors import BucketNotFound, LabNotRunning
@@ -22,7 +22,19 @@ _MEDIA_PATH = re.compile(r"^/(?P<kind>download/)?storage/v1/b/(?P<bucket>[^/]+)/
 class LabBuckets:
     """The :class:`~dataferry.lab.Lab` methods for its buckets and its request log."""
 
-    def client(self, direct: bool = False):
+    if TYPE_CHECKING:  # what they use of the Lab
+        state_dir: Path
+
+        @property
+        def endpoint(self) -> str: ...
+
+        @property
+        def direct_endpoint(self) -> str: ...
+
+        @property
+        def state(self) -> dict[str, Any]: ...
+
+    def client(self, direct: bool = False) -> Any:
         """An anonymous google-cloud-storage ``Client`` for the lab (shaped unless ``direct``)."""
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage

@@ -104,7 +104,7 @@ class SyntheticDataset:
         current: list[str] = []
         filled = 0
         for key, size in self.sizes.items():
-            if current and filled + size > self.shard_bytes:
+            if current and self.shard_bytes is not None and filled + size > self.shard_bytes:
                 shards[f"{self.prefix}/shards/shard-{len(shards):05d}.tar"] = current
                 current, filled = [], 0
             current.append(key)

@@ -98,6 +98,7 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
                 compare_methods(target, results, methods, region=detect_region(lab_profile=profile),
                                 runtime_kind=runtime.kind, passes=passes, repeats=repeats, seed=seed, work=work,
                                 progress=bar)
+        assert target.local_copy is not None, "a lab target has a local copy"
         batch = (target.local_copy / target.names[0]).read_bytes() * max(1, (64 * MiB) // file_bytes)
         gpu = gpu_rows(results, batch, {"runtime": runtime.kind, "region": "", "region_source": ""}, say)
         result = write_summary(results, out, Path(json_path), say, {"gpu": gpu})

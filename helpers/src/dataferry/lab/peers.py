@@ -136,7 +136,8 @@ def _child(method: str, bucket: str, prefix: str, work: str) -> dict[str, Any]:
     files, n = epoch()
     seconds, cpu1, busy1 = time.perf_counter() - t0, os.times(), _machine_busy_s()
     # VmHWM, not ru_maxrss: the latter keeps the parent's size from before exec.
-    hwm = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1])
+    found = re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())
+    hwm = int(found[1]) if found else 0
     cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return {"seconds": seconds, "bytes": n, "files": files, "peak_rss_mib": hwm / 1024, "cpu_s": cpu_s,
             "machine_cpu_s": busy1 - busy0}

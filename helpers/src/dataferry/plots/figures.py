@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Sequence
+from typing import cast
 from pathlib import Path
 
 import matplotlib
@@ -46,7 +47,7 @@ def first_vs_repeat(rows: pd.DataFrame, ax: Axes | None = None) -> Figure:
             raise ValueError(f"rows hold {len(settings)} region and file-size settings "
                              f"({'; '.join(', '.join(s) for s in settings[:4])}); a box never pools them: pass the "
                              "rows of one setting, or no ax for a panel per setting")
-        fig, axes = ax.figure, [ax]
+        fig, axes = cast(Figure, ax.figure), [ax]
     else:
         fig, axes = _grid(max(1, len(settings)), (max(4.5, 1.1 * max(1, len(methods)) + 1.5), 4.6))
     for panel, (region, size) in zip(axes, settings):
@@ -81,7 +82,7 @@ def by_region(rows: pd.DataFrame) -> Figure:
     Shows how far the data is from the machine matters, and for which methods.
     """
     epochs, notes = epochs_of(rows)
-    sizes = sizes_of(epochs) or [None]
+    sizes: list[str | None] = [*sizes_of(epochs)] or [None]
     regions = region_order(epochs)
     methods = ordered_methods(epochs["method"])
     palette = method_palette(methods)
@@ -348,7 +349,7 @@ def _boxes(ax: Axes, data: pd.DataFrame, panel: str, x_col: str, x_levels: list[
             values = group["MBps"].to_numpy()
             if values.size == 0:
                 continue
-            record_box(ax.figure, panel, x_value, hue_value, group)
+            record_box(cast(Figure, ax.figure), panel, x_value, hue_value, group)
             pos = i - 0.4 + width * (j + 0.5)
             face = colour(x_value, hue_value)
             hatch = hatched(x_value, hue_value)

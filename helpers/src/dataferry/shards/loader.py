@@ -33,6 +33,8 @@ class ShardLoader(DataLoader):
                 checkpoint = {"model": ..., "data": loader.state_dict()}
     """
 
+    dataset: ShardDataset
+
     def __init__(self, dataset: ShardDataset, batch_size: int | None = 1, **kwargs: Any) -> None:
         if kwargs.get("persistent_workers"):
             raise ValueError("persistent_workers keep an old copy of the dataset (its epoch and position): "

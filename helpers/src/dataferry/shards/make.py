@@ -43,7 +43,7 @@ class ShardInfo:
 
 def _groups(entries: Sequence[Entry]) -> Iterator[tuple[str, list[Entry]]]:
     """Entries sorted by name, grouped into samples by key."""
-    key, group = None, []
+    key, group = "", []  # type: tuple[str, list[Entry]]  # the first entry starts the first group
     for e in entries:
         parts = split_name(e.name)
         if parts is None:
@@ -127,9 +127,9 @@ def make_shards(source: Source | str, dest: str | os.PathLike[str], *, shard_byt
         for i, groups in enumerate(plan):
             info = ShardInfo(pattern.format(i))
             members = [e for _, group in groups for e in group]
-            failed = [f for f in cache.fill_many(src, members) if f.error is not None]
-            if failed:
-                raise failed[0].error
+            errors = [f.error for f in cache.fill_many(src, members) if f.error is not None]
+            if errors:
+                raise errors[0]
             path = Path(tmp) / info.name
             with open(path, "wb") as f:
                 writer = TarShardWriter(f)

@@ -7,7 +7,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, overload, runtime_checkable
 
 from dataferry.errors import DataferryError
 
@@ -46,7 +46,7 @@ class Entry:
     crc32c: str | None = None
 
 
-class EntryTable(Sequence):
+class EntryTable(Sequence[Entry]):
     """Entries held compactly: names, versions and checksums in three byte strings, sizes and
     offsets in ``array``\\s; an :class:`Entry` is made only when one is asked for.
 
@@ -80,7 +80,13 @@ class EntryTable(Sequence):
     def __len__(self) -> int:
         return len(self._sizes)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> Entry: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Entry]: ...
+
+    def __getitem__(self, index: int | slice) -> Entry | list[Entry]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         i = range(len(self))[index]

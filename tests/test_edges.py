@@ -258,11 +258,11 @@ def test_an_error_of_the_caches_own_disk_is_not_retried_as_a_network_blip(tmp_pa
     def bad_disk(*args):
         raise OSError(5, "Input/output error")  # EIO from the cache's own disk
 
-    from dataferry.cache import sides
+    from dataferry.cache import transport
 
     t0 = time.monotonic()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sides.os, "pwrite", bad_disk)  # every write of a fill to its temp file
+        patch.setattr(transport.os, "pwrite", bad_disk)  # every write of a fill to its temp file
         with pytest.raises(OSError, match="cache's disk"):
             cache.fill(LocalSource(root), "a.bin")
     assert time.monotonic() - t0 < 5, "not retried for the deadline: the network is not the problem"
@@ -422,9 +422,11 @@ def test_clear_removes_only_what_it_cleared(tmp_path):
     entry = source.stat("f000.bin")
     key = cache.key(source, entry)
     cache._index.discard(key)
+    from dataferry.cache.sides import run_here
+
     now = time.time()
     row = (key, source.uri, entry.name, entry.version, entry.size, os.getpid(), now, now)
-    assert cache._index.writer.reserve(row) is None  # a fill in progress (another process's, say)
+    assert run_here(cache._fills.on_thread.reserve(row)) is None  # a fill in progress (another process's, say)
     Path(cache._layout.object_path(key)).write_bytes(bytes([0]) * 10_000)  # renamed into place, not yet ready
     cache.clear()
     assert Path(cache._layout.object_path(key)).exists(), "a fill in progress keeps its file"
@@ -460,6 +462,14 @@ def warnings_as_errors():
     return _Ctx()
 
 
+async def ask_on_the_loop(writer):
+    import asyncio
+
+    answer = asyncio.get_running_loop().create_future()
+    writer.ask("reserve", ("row",), answer)
+    return await answer
+
+
 def test_a_failed_index_batch_loses_no_unrelated_update_and_a_dead_writer_is_an_error(tmp_path):
     source, cache = _filled(tmp_path, n=3)
     writer = cache._index.writer
@@ -484,7 +494,7 @@ def test_a_failed_index_batch_loses_no_unrelated_update_and_a_dead_writer_is_an_
 
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="index writer .* stopped"):
-        aio.run(writer.reserve_async(("row",)))  # the download loop's kind of request, too
+        aio.run(ask_on_the_loop(writer))  # the download loop's kind of request, too
     assert time.monotonic() - t0 < 10, "no wait forever on a dead writer from the download loop"
     (tmp_path / "src" / "later.bin").write_bytes(b"l" * 100)
     assert cache.read(source, "later.bin") == b"l" * 100, "later fills get a new writer"

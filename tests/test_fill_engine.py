@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from dataferry import Cache, GCSSource, LocalSource, stage
-from dataferry.cache import sides
+from dataferry.cache import transport
 from dataferry.cache.checksum import combine
 from dataferry.lab import Profile, plan_dataset
 
@@ -33,8 +33,8 @@ def test_crc32c_of_consecutive_ranges_combines_to_the_whole():
 @pytest.fixture
 def small_ranges(monkeypatch):
     """Objects from 1 MiB up come in 256 KiB ranges, so a test needs no gigabyte object."""
-    monkeypatch.setattr(sides, "RANGE_MIN", 1 << 20)
-    monkeypatch.setattr(sides, "PART", 256 << 10)
+    monkeypatch.setattr(transport, "RANGE_MIN", 1 << 20)
+    monkeypatch.setattr(transport, "PART", 256 << 10)
 
 
 def _ranged_gets(lab, name: str) -> int:

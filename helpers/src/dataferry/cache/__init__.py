@@ -18,8 +18,8 @@ face over parts it composes, each owning one idea, lowest first:
 - :mod:`~dataferry.cache.budget`: room under ``max_bytes`` / ``min_free_bytes``, LRU eviction;
 - :mod:`~dataferry.cache.index`: connections, transactions and the thread that writes the index in batches;
 - :mod:`~dataferry.cache.placing`: the download loop's finished fills put in place a group at a time;
-- :mod:`~dataferry.cache.sides`: where a fill runs and how its bytes travel (the loop for a bucket,
-  the caller's thread for a folder);
+- :mod:`~dataferry.cache.transport`: how a fill's bytes travel, one transport per kind of source;
+- :mod:`~dataferry.cache.sides`: where a fill runs (the caller's thread, or the download loop);
 - :mod:`~dataferry.cache.fill`: the one fill engine, with retries, checks and a deadline;
 - :mod:`~dataferry.cache.many`: many fills at once, and fills ahead of a reader;
 - :mod:`~dataferry.cache.recovery`: cleaning up after crashes, ``verify`` and ``clear``;

@@ -3,7 +3,6 @@ locks and fill engine) and owns what is per process, renewed after a fork."""
 
 from __future__ import annotations
 
-import atexit
 import fcntl
 import io
 import math
@@ -13,7 +12,6 @@ import sqlite3
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -33,24 +31,12 @@ from dataferry.cache.locks import FillLocks, renew_after_fork
 from dataferry.cache.many import FillsAhead, fill_many
 from dataferry.cache.recovery import VerifyReport, clear, recover, set_index_aside, verify
 from dataferry.cache.store import create, damaged
-from dataferry.errors import BadArgument, byte_count, interrupted_at_exit
+from dataferry.errors import BadArgument, byte_count
 from dataferry.sources import DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, Source, where
 
 __all__ = ["Cache", "CacheStats"]
 
 T = TypeVar("T")
-
-
-def _flush_at_exit(ref: weakref.ref) -> None:
-    cache = ref()
-    if cache is not None and cache._pid == os.getpid():
-        try:
-            cache._index.flush()
-        except KeyboardInterrupt:
-            interrupted_at_exit(f"writing the index of the cache {cache.root}: nothing is lost, the next open "
-                                "completes it")
-        except Exception:  # noqa: BLE001, S110 - never fail an exiting process
-            pass
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -141,19 +127,16 @@ class Cache:
     def _init_process_state(self) -> None:
         """This process's parts. A forked child gets fresh ones at once (``os.register_at_fork``, as
         fsspec does): a lock some parent thread held at the fork would otherwise stay held in the child."""
-        self._pid = os.getpid()
-        self._write_lock = threading.RLock()  # held across a fork (locks.renew_after_fork)
         renew_after_fork(self)
         self._layout = Layout(self.root)
         self._local = threading.local()
         self._counters = Counters()
         self._locks = FillLocks(self._layout.fill_lock)
         budget = Budget(self._layout, self.max_bytes, self.min_free_bytes, self._counters)
-        self._index = Index(self._layout, budget, self._write_lock)
+        self._index = Index(self._layout, budget)
         self._fills = FillEngine(self._layout, self._index, budget, self._counters, self._locks,
                                  max_refetches=self.max_refetches, retry_deadline_s=self.retry_deadline_s)
         self._ahead = FillsAhead(self._fills)
-        atexit.register(_flush_at_exit, weakref.ref(self))
 
     def __getstate__(self) -> dict:
         keep = ("root", "max_bytes", "min_free_bytes", "max_refetches", "retry_deadline_s")

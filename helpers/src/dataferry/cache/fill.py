@@ -11,8 +11,9 @@ One coroutine, :meth:`FillEngine.fill`, holds every rule of a fill, whatever the
   fails removes its temp file and its reservation before it lets go of the lock, and a disk that
   fills up turns into a refusal.
 
-Where it runs is the source's side (:mod:`dataferry.cache.sides`): a bucket's fills on the download
-loop, a folder's to completion on the caller's thread. The synchronous calls run the same coroutine.
+Where it runs is a side (:mod:`dataferry.cache.sides`): to its end on the thread of a caller that waits
+for it (the synchronous calls run this same coroutine), or by the hundred on the download loop for a
+bucket. The bytes travel by the source's one transport (:mod:`dataferry.cache.transport`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from dataferry.cache.errors import DamagedAtSource, disk_full
 from dataferry.cache.index import Index
 from dataferry.cache.layout import Layout, key, printable
 from dataferry.cache.locks import FillLocks
-from dataferry.cache.sides import OnLoop, OnThread, Side, Sink
-from dataferry.sources import Entry, Source, fetches_async, where
+from dataferry.cache.sides import OnLoop, OnThread, Side, run_here
+from dataferry.cache.transport import Sink
+from dataferry.sources import Entry, Source, where
 
 __all__ = ["FillEngine", "Filled", "MIN_FILL_BYTES_PER_S"]
 
@@ -77,18 +79,13 @@ class FillEngine:
     def __repr__(self) -> str:
         return f"<FillEngine {self.layout.root}>"
 
-    def side(self, source: Source) -> Side:
-        return self.on_loop if fetches_async(source) else self.on_thread
-
     def fill_now(self, source: Source, entry: Entry, ahead: bool = False) -> Filled:
-        """:meth:`fill`, waited for (on the source's side)."""
-        side = self.side(source)
-        return side.run(self.fill(side, source, entry, ahead))
+        """:meth:`fill`, run to its end on this thread."""
+        return run_here(self.fill(self.on_thread, source, entry, ahead))
 
     def stream_now(self, source: Source, entry: Entry) -> bytes:
-        """:meth:`stream`, waited for (on the source's side)."""
-        side = self.side(source)
-        return side.run(self.stream(side, source, entry))
+        """:meth:`stream`, run to its end on this thread."""
+        return run_here(self.stream(self.on_thread, source, entry))
 
     async def fill(self, side: Side, source: Source, entry: Entry, ahead: bool = False) -> Filled:
         """Make sure ``entry`` is cached. A fill ``ahead`` of a reader that waited for someone else's fill
@@ -116,8 +113,8 @@ class FillEngine:
                 return await self._undo(side, k, sink, e, entry)
             try:
                 await side.place(sink, path, k, crc)
-            except asyncio.CancelledError:
-                raise  # the group it joined puts it in place
+            except (asyncio.CancelledError, GeneratorExit):
+                raise  # the group it joined puts it in place, or undoes it
             except BaseException as e:
                 return await self._undo(side, k, sink, e, entry)
         self.count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
@@ -165,6 +162,8 @@ class FillEngine:
         fill's row is taken for it); a refusal if the cache's disk filled up, else ``e`` raised."""
         if sink is not None:
             sink.drop()
+        if isinstance(e, GeneratorExit):  # a coroutine closed mid-way may not wait: its row goes once this process ends
+            raise e
         with contextlib.suppress(Exception):  # a disk too full to drop the row drops it with a later batch
             await side.forget(k, self.pid)
         if disk_full(e):

@@ -9,7 +9,9 @@ into the cache that owns it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import os
 import queue
 import sqlite3
 import threading
@@ -19,10 +21,12 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from dataferry.cache.budget import Budget, Refusal
+from dataferry.cache.budget import Budget
 from dataferry.cache.errors import disk_full
 from dataferry.cache.layout import Layout
+from dataferry.cache.locks import hold_across_fork
 from dataferry.cache.store import connect, release
+from dataferry.errors import interrupted_at_exit
 
 __all__ = ["Index", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
 
@@ -31,12 +35,29 @@ FLUSH_S = 2.0
 IDLE_CHECK_S = 5.0
 
 
+def _flush_at_exit(ref: weakref.ref) -> None:
+    index = ref()
+    if index is not None and index.pid == os.getpid():
+        try:
+            index.flush()
+        except KeyboardInterrupt:
+            interrupted_at_exit(f"writing the index of the cache {index.layout.root}: nothing is lost, the next open "
+                                "completes it")
+        except Exception:  # noqa: BLE001, S110 - never fail an exiting process
+            pass
+
+
 class Index:
     """The index of one cache folder, for this process (a forked child makes its own). ``write_lock``
-    is held by every write transaction of this process, and across a fork."""
+    is held by every write transaction of this process, and across a fork; what is queued for it is
+    written at exit."""
 
-    def __init__(self, layout: Layout, budget: Budget, write_lock: threading.RLock) -> None:
-        self.layout, self.budget, self.write_lock = layout, budget, write_lock
+    def __init__(self, layout: Layout, budget: Budget) -> None:
+        self.layout, self.budget = layout, budget
+        self.pid = os.getpid()
+        self.write_lock = threading.RLock()
+        hold_across_fork(self)
+        atexit.register(_flush_at_exit, weakref.ref(self))
         self._local = threading.local()
         self._mutex = threading.Lock()
         self._writer: IndexWriter | None = None
@@ -187,37 +208,21 @@ class IndexWriter:
         self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
         self._thread.start()
 
-    def reserve(self, row: tuple) -> Refusal | None:
-        """Ask for room for a fill (``row``: its index row); None when reserved, else why not."""
-        fut: Future = Future()
-        self._put("reserve", row, fut)
-        return self._wait(fut)
-
-    async def reserve_async(self, row: tuple) -> Refusal | None:
-        """:meth:`reserve` for a coroutine on the download loop. The answers of one batch come
-        back to the loop in one hand-over; a writer that has stopped fails it at once."""
-        fut = asyncio.get_running_loop().create_future()
-        self._put("reserve", row, fut)
-        return await fut
+    def ask(self, kind: str, args: Any, answer: Future | asyncio.Future | None) -> None:
+        """A request whose ``answer`` the caller waits for, as it waits (a thread on a ``Future``, the
+        download loop on an ``asyncio.Future``: the answers of one batch come back to a loop in one
+        hand-over; None: no one waits): ``"reserve"`` room for a fill (``args``: its row; the answer: None when reserved, else a
+        :class:`~dataferry.cache.budget.Refusal`), or ``"forget"`` a failed fill's reservation (``args``: key and pid; a full disk
+        fails it, and the row goes with a later batch). A writer that has stopped fails it at once."""
+        if kind not in ("reserve", "forget"):
+            raise ValueError(f"unknown index request {kind!r}")
+        self._put(kind, args, answer)
 
     def ready(self, crc: str, when: float, key: str) -> None:
         self._put("ready", (crc, when, key))
 
     def touch(self, touched: dict[str, float]) -> None:
         self._put("touch", touched)
-
-    def forget(self, key: str, pid: int) -> Future:
-        """Drop the reservation of a fill by ``pid`` that failed; the future ends once it is dropped (a full
-        disk fails it, and the row goes with a later batch)."""
-        fut: Future = Future()
-        self._put("forget", (key, pid), fut)
-        return fut
-
-    async def forget_async(self, key: str, pid: int) -> None:
-        """:meth:`forget` for a coroutine on the download loop, which awaits its answer."""
-        fut = asyncio.get_running_loop().create_future()
-        self._put("forget", (key, pid), fut)
-        await fut
 
     def flush(self) -> None:
         fut: Future = Future()

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["FillLocks", "renew_after_fork", "lock_offset"]
+__all__ = ["FillLocks", "renew_after_fork", "hold_across_fork", "lock_offset"]
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SETLK = getattr(fcntl, "F_OFD_SETLK", 37)  # Linux's numbers, where Python does not name them
@@ -86,29 +86,38 @@ class FillLocks:
 
 
 def renew_after_fork(obj: Any) -> None:
-    """Keep ``obj`` safe across ``fork()`` while it lives: its write lock ``obj._write_lock`` is held
-    while the process forks, so no index transaction is half-done in the child's copy of SQLite's
-    lock bookkeeping (a child would wait on a lock no thread of its own will ever release), and the
-    child calls ``obj._init_process_state()`` at once for fresh locks, connections and counters."""
+    """While ``obj`` lives, a forked child calls ``obj._init_process_state()`` at once for fresh locks,
+    connections and counters."""
     _LIVE.add(obj)
 
 
+def hold_across_fork(obj: Any) -> None:
+    """While ``obj`` lives, its write lock ``obj.write_lock`` is held while the process forks, so no index
+    transaction is half-done in the child's copy of SQLite's lock bookkeeping (a child would wait on a
+    lock no thread of its own will ever release). An index lives as long as writes are queued for it,
+    so this holds even for a cache dropped meanwhile."""
+    _GUARDED.add(obj)
+
+
+_GUARDED: weakref.WeakSet = weakref.WeakSet()
 _HELD: list[Any] = []
 
 
 def _before_fork() -> None:
-    for obj in sorted(_LIVE, key=id):  # one order everywhere: two forking threads cannot deadlock
-        obj._write_lock.acquire()
+    for obj in sorted(_GUARDED, key=id):  # one order everywhere: two forking threads cannot deadlock
+        obj.write_lock.acquire()
         _HELD.append(obj)
 
 
 def _after_fork_in_parent() -> None:
     while _HELD:
-        _HELD.pop()._write_lock.release()
+        _HELD.pop().write_lock.release()
 
 
 def _after_fork_in_child() -> None:
-    _HELD.clear()
+    while _HELD:  # the child's one thread is the one that took them
+        with contextlib.suppress(RuntimeError):
+            _HELD.pop().write_lock.release()
     for obj in list(_LIVE):
         obj._init_process_state()
 

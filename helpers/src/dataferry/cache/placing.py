@@ -37,6 +37,7 @@ class _Finished:
     tmp: str
     path: str
     key: str
+    pid: int
     crc: str
     held: bytes | bytearray | None
     done: asyncio.Future
@@ -55,12 +56,13 @@ class Placing:
     def __repr__(self) -> str:
         return f"<Placing {self.folder!r} waiting={len(self._next)}>"
 
-    async def put(self, index: Any, tmp: str, path: str, key: str, crc: str,
+    async def put(self, index: Any, tmp: str, path: str, key: str, pid: int, crc: str,
                   held: bytes | bytearray | None) -> None:
         """Return once the fill is in place and its row marked ready (or raise why it is not: then
-        its temp file is gone). ``index`` is the cache's :class:`~dataferry.cache.index.IndexWriter`.
-        The group finishes a fill whose caller is cancelled."""
-        finished = _Finished(index, tmp, path, key, crc, held, asyncio.get_running_loop().create_future())
+        its temp file and its reservation are gone). ``index`` is the cache's
+        :class:`~dataferry.cache.index.IndexWriter`. The group finishes, or undoes, a fill whose caller is
+        cancelled."""
+        finished = _Finished(index, tmp, path, key, pid, crc, held, asyncio.get_running_loop().create_future())
         self._next.append(finished)
         if not self._running:
             self._running = True
@@ -81,7 +83,8 @@ class Placing:
                     if finished.error is None:
                         finished.index.ready(finished.crc, now, finished.key)
                         finished.done.set_result(None)
-                    else:  # its temp file is gone; the fill engine drops its row
+                    else:  # its temp file is gone, and so goes its reservation (its caller may be cancelled)
+                        finished.index.ask("forget", (finished.key, finished.pid), None)
                         finished.done.set_exception(finished.error)
                         finished.done.exception()  # seen here: a cancelled caller never retrieves it
         finally:

@@ -809,3 +809,35 @@ def test_a_same_size_rewrite_with_its_mtime_restored_is_a_new_version(tmp_path):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert (path.stat().st_size, path.stat().st_mtime_ns, path.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
     assert cache.read(source, "a.bin") == b"new" * 1000
+
+
+def test_a_caller_interrupted_while_it_waits_on_the_download_loop_stops_what_it_started():
+    """Ctrl-C in a reader waiting for a bucket's bytes (``aio.run``): the coroutine on the loop is cancelled
+    and has ended by the time the interrupt reaches the caller, so it writes no more into a temp file the
+    caller then removes (the loop wrote on into it before)."""
+    import asyncio
+    import signal
+
+    from dataferry import aio
+
+    writes: list[float] = []
+
+    async def downloading() -> None:
+        while True:
+            writes.append(time.monotonic())
+            await asyncio.sleep(0.005)
+
+    def ctrl_c(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, ctrl_c)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            aio.run(downloading())
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    seen = len(writes)
+    time.sleep(0.2)
+    assert seen > 10 and len(writes) == seen, "nothing more written once the caller has its interrupt"

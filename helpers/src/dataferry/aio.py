@@ -27,6 +27,7 @@ _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 _closers: list[Callable[[], Coroutine[Any, Any, None]]] = []
+_CANCEL_WAIT_S = 5.0
 
 
 def loop() -> asyncio.AbstractEventLoop:
@@ -46,11 +47,29 @@ def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on the loop and wait for it (never from the loop's own thread)."""
+    """Run ``coro`` on the loop and wait for it (never from the loop's own thread). A caller interrupted
+    while it waits (Ctrl-C) cancels ``coro`` and waits a moment for it to end, so nothing it was writing
+    into (a file the caller then removes) is still written to from the loop."""
     if threading.current_thread() is _thread:
         coro.close()
         raise RuntimeError("dataferry.aio.run() called from the loop it would wait on")
-    return submit(coro).result()
+    started, ended = threading.Event(), threading.Event()
+
+    async def guarded() -> T:
+        started.set()
+        try:
+            return await coro
+        finally:
+            ended.set()
+
+    fut = submit(guarded())
+    try:
+        return fut.result()
+    except BaseException:
+        fut.cancel()  # cancels the task on the loop
+        if started.is_set():
+            ended.wait(_CANCEL_WAIT_S)
+        raise
 
 
 def at_close(closer: Callable[[], Coroutine[Any, Any, None]]) -> None:

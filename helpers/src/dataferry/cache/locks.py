@@ -100,24 +100,30 @@ def hold_across_fork(obj: Any) -> None:
 
 
 _GUARDED: weakref.WeakSet = weakref.WeakSet()
-_HELD: list[Any] = []
+_HELD: dict[int, list[Any]] = {}  # by forking thread: two threads may fork at once
 
 
 def _before_fork() -> None:
+    held = _HELD.setdefault(threading.get_ident(), [])
     for obj in sorted(_GUARDED, key=id):  # one order everywhere: two forking threads cannot deadlock
         obj.write_lock.acquire()
-        _HELD.append(obj)
+        held.append(obj)
+
+
+def _release_held() -> None:
+    held = _HELD.pop(threading.get_ident(), [])
+    while held:
+        with contextlib.suppress(RuntimeError):
+            held.pop().write_lock.release()
 
 
 def _after_fork_in_parent() -> None:
-    while _HELD:
-        _HELD.pop().write_lock.release()
+    _release_held()
 
 
 def _after_fork_in_child() -> None:
-    while _HELD:  # the child's one thread is the one that took them
-        with contextlib.suppress(RuntimeError):
-            _HELD.pop().write_lock.release()
+    _release_held()  # the child's one thread is the one that took them
+    _HELD.clear()
     for obj in list(_LIVE):
         obj._init_process_state()
 

@@ -7,7 +7,7 @@ transport (:mod:`dataferry.cache.transport`) on either side.
 - :class:`OnThread`: a fill a caller waits for (a read's miss, a folder's fill from a pool thread). The
   coroutine runs to its end on the caller's thread (:func:`run_here`), every wait blocking that thread:
   the fill lock waits in the kernel, a bucket's bytes come over the download loop into the temp file,
-  which is ``fsync``\ed and renamed into place.
+  then made durable (``fsync``) and renamed into place.
 - :class:`OnLoop`: a bucket's fills by the hundred (``stage``, fills ahead of a reader), as coroutines on
   the process's download loop (:mod:`dataferry.aio`). Its fill lock is polled, never blocking the loop;
   objects up to ``HELD_MAX`` are held in memory and put in place a group at a time

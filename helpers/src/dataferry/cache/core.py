@@ -132,10 +132,9 @@ class Cache:
         self._local = threading.local()
         self._counters = Counters()
         self._locks = FillLocks(self._layout.fill_lock)
-        budget = Budget(self._layout, self.max_bytes, self.min_free_bytes, self._counters)
-        self._index = Index(self._layout, budget)
-        self._fills = FillEngine(self._layout, self._index, budget, self._counters, self._locks,
-                                 max_refetches=self.max_refetches, retry_deadline_s=self.retry_deadline_s)
+        self._index = Index(self._layout, Budget(self._layout, self.max_bytes, self.min_free_bytes, self._counters))
+        self._fills = FillEngine(self._index, self._counters, self._locks, max_refetches=self.max_refetches,
+                                 retry_deadline_s=self.retry_deadline_s)
         self._ahead = FillsAhead(self._fills)
 
     def __getstate__(self) -> dict:

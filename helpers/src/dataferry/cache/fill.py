@@ -25,12 +25,12 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
-from dataferry.cache.budget import Budget, Refusal
+from dataferry.cache.budget import Refusal
 from dataferry.cache.checksum import b64
 from dataferry.cache.counters import Counters
 from dataferry.cache.errors import DamagedAtSource, disk_full
 from dataferry.cache.index import Index
-from dataferry.cache.layout import Layout, key, printable
+from dataferry.cache.layout import key, printable
 from dataferry.cache.locks import FillLocks
 from dataferry.cache.sides import OnLoop, OnThread, Side, run_here
 from dataferry.cache.transport import Sink
@@ -68,13 +68,13 @@ def damage(entry: Entry, n: int, crc: str) -> str:
 class FillEngine:
     """Fills of one cache folder in this process (a forked child makes its own)."""
 
-    def __init__(self, layout: Layout, index: Index, budget: Budget, counters: Counters, locks: FillLocks, *,
-                 max_refetches: int, retry_deadline_s: float) -> None:
-        self.layout, self.budget, self.count = layout, budget, counters.add
+    def __init__(self, index: Index, counters: Counters, locks: FillLocks, *, max_refetches: int,
+                 retry_deadline_s: float) -> None:
+        self.layout, self.budget, self.count = index.layout, index.budget, counters.add
         self.max_refetches, self.retry_deadline_s = max_refetches, retry_deadline_s
         self.pid = os.getpid()
         self.on_thread = OnThread(locks, index, counters.add)
-        self.on_loop = OnLoop(locks, index, counters.add, layout.tmp)
+        self.on_loop = OnLoop(locks, index, counters.add, index.layout.tmp)
 
     def __repr__(self) -> str:
         return f"<FillEngine {self.layout.root}>"

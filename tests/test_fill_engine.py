@@ -238,3 +238,100 @@ def test_a_fill_ahead_from_a_folder_that_waited_on_another_fill_does_nothing_aft
     [again] = cache.fill_later(source, [entry])
     assert again.result(timeout=10) == [] and fetched == ["x.bin"], "one that did not wait fills"
     assert cache.read(source, entry) == b"x" * 1000 and fetched == ["x.bin"]
+
+
+def _write_folder(root, n: int, seed: int, low: int = 5_000, high: int = 60_000) -> dict[str, bytes]:
+    rng = random.Random(seed)
+    files = {f"{i % 7}/{i:04d}.bin": rng.randbytes(rng.randint(low, high)) for i in range(n)}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return files
+
+
+def _parts(root) -> list:
+    return [p for p in root.rglob("*.part")]
+
+
+def test_a_reader_filling_an_uncapped_cache_asks_the_index_once_per_lease_and_never_fsyncs_a_file(tmp_path, monkeypatch):
+    """Epoch 1 from a folder should cost little more than reading the folder: a fill on the reader's
+    thread takes its room from the process's lease (no round trip to the index per file), renames its
+    file into place at once, and the index writer makes a group of them durable with one syncfs before
+    it records them (no fsync per file)."""
+    files = _write_folder(tmp_path / "data", 300, seed=1)
+    source = LocalSource(tmp_path / "data")
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    from dataferry.cache import index as index_module
+    fsyncs, reserves, real_fsync, real_ask = [], [], os.fsync, index_module.IndexWriter.ask
+    syncfs, real_syncfs = [], index_module.syncfs
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(index_module, "syncfs", lambda folder: (syncfs.append(folder), real_syncfs(folder))[1])
+    monkeypatch.setattr(index_module.IndexWriter, "ask",
+                        lambda self, kind, args, answer: (reserves.append(args) if kind == "reserve" else None,
+                                                          real_ask(self, kind, args, answer))[1])
+    for e in source.list():
+        assert cache.read(source, e) == files[e.name]
+    assert fsyncs == [], f"{len(fsyncs)} fsyncs for {len(files)} fills"
+    assert len(reserves) <= 2, f"{len(reserves)} reservations asked of the index for {len(files)} fills"
+    assert cache.usage() == (300, sum(map(len, files.values())))
+    assert 1 <= len(syncfs) < 300, f"{len(syncfs)} syncfs: made durable in groups before they were recorded"
+    assert cache.verify().ok and _parts(tmp_path / "c") == []
+    reopened = Cache(tmp_path / "c")
+    assert reopened.usage() == (300, sum(map(len, files.values()))), "nothing is an orphan to the next process"
+
+
+def test_readers_killed_mid_epoch_leave_whole_entries_and_no_room_held(tmp_path):
+    """A reader killed at any point of a fill leaves, once the cache opens again, only entries that
+    verify, no temp file, and no room held for it (its lease is reclaimed)."""
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    files = _write_folder(tmp_path / "data", 400, seed=2, high=120_000)
+    source = LocalSource(tmp_path / "data")
+    root = tmp_path / "c"
+    script = Path(__file__).parent / "scripts" / "read_folder.py"
+    rng = random.Random(5)
+    for kill in range(4):
+        p = subprocess.Popen([sys.executable, str(script), str(tmp_path / "data"), str(root), "3"])
+        time.sleep(rng.uniform(1.0, 2.5))  # past the imports, in an epoch
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        cache = Cache(root)
+        assert cache.verify().ok, f"a bad entry after kill {kill}"
+        assert _parts(root) == [], "temp files of the dead process are cleaned at open"
+        db = sqlite3.connect(root / "index.sqlite")
+        assert db.execute("SELECT count(*) FROM entries WHERE state != 'ready'").fetchone()[0] == 0, \
+            "the dead reader's reservations are gone"
+        rows = db.execute("SELECT count(*), coalesce(sum(size), 0) FROM entries").fetchone()
+        db.close()
+        assert cache.usage() == tuple(rows)
+        for r in cache.entries():
+            assert cache.read(source, r["name"]) == files[r["name"]]
+
+
+def test_fills_of_a_dataloader_worker_that_exits_stay_in_the_cache(tmp_path):
+    """A multiprocessing child (a DataLoader worker) ends without running atexit: what it filled is
+    still recorded, not removed as orphans by the next open."""
+    import multiprocessing
+
+    files = _write_folder(tmp_path / "data", 120, seed=3)
+    source = LocalSource(tmp_path / "data")
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+
+    child = multiprocessing.get_context("fork").Process(target=_read_every_file, args=(cache, source))
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    reopened = Cache(tmp_path / "c")
+    assert reopened.usage() == (120, sum(map(len, files.values())))
+    for e in source.list():
+        assert reopened.read(source, e) == files[e.name]
+    assert reopened.stats().misses == 0 and reopened.verify().ok
+
+
+def _read_every_file(cache, source) -> None:
+    for e in source.list():
+        cache.read(source, e)

@@ -18,7 +18,8 @@ from typing import Any
 from dataferry.cache.counters import Counters
 from dataferry.cache.errors import disk_full
 from dataferry.cache.layout import Layout
-from dataferry.cache.store import reclaim_dead_fills
+from dataferry.cache.lease import is_lease
+from dataferry.cache.store import leased, reclaim_dead_fills
 from dataferry.sources import Entry
 
 __all__ = ["Budget", "Refusal", "lru", "DEFAULT_MIN_FREE_BYTES", "ROOM_WAIT_S"]
@@ -50,6 +51,13 @@ def lru(db: sqlite3.Connection, batch: int = 256) -> Iterator[tuple[str, int]]:
         if len(rows) < batch:
             return
         last = rows[-1][2]
+
+
+def _used(db: sqlite3.Connection) -> tuple[int, int]:
+    """(bytes of entries and fills in progress, bytes yet to be written): a lease is room yet to be written
+    on the disk, but no entry under a cap."""
+    used, filling = db.execute("SELECT bytes, filling_bytes FROM usage").fetchone()
+    return used - leased(db)[1], filling
 
 
 class Budget:
@@ -92,7 +100,7 @@ class Budget:
         future that waits for its answer), evicting LRU entries (and reclaiming dead fills) for room;
         a refusal says which limit applied."""
         answers: list[tuple[Any, Any]] = []
-        used, filling = db.execute("SELECT bytes, filling_bytes FROM usage").fetchone()
+        used, filling = _used(db)
         free = shutil.disk_usage(self.layout.root).free - filling
         victims = None
         reclaimed = False
@@ -110,7 +118,7 @@ class Budget:
             if short() and not reclaimed:  # room held by fillers that died is room
                 reclaimed = True
                 if reclaim_dead_fills(db, self.layout, doomed):
-                    used, filling = db.execute("SELECT bytes, filling_bytes FROM usage").fetchone()
+                    used, filling = _used(db)
                     free = shutil.disk_usage(self.layout.root).free - filling
             if short():
                 victims = victims or lru(db)
@@ -133,7 +141,11 @@ class Budget:
             used, free = used + size, free - size
             accepted.append(row)
             answers.append((fut, None))
-        db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?)", accepted)
+        db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?)",
+                       [row for row in accepted if not is_lease(row[0])])
+        db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?) "
+                       "ON CONFLICT (key) DO UPDATE SET size = size + excluded.size",  # a lease grows
+                       [row for row in accepted if is_lease(row[0])])
         return answers
 
     def evict(self, db: sqlite3.Connection, key: str, doomed: Doomed) -> bool:
@@ -162,7 +174,7 @@ class Budget:
         """Inside a write transaction: evict LRU entries no reader holds until at most ``limit`` bytes are
         cached. Returns how many were evicted."""
         evicted = 0
-        used = db.execute("SELECT bytes FROM usage").fetchone()[0]
+        used = db.execute("SELECT bytes FROM usage").fetchone()[0] - leased(db)[1]
         for victim, size in lru(db):
             if used <= limit:
                 break

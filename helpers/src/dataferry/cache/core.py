@@ -344,11 +344,13 @@ class Cache:
         return self._counters.copy()
 
     def usage(self) -> tuple[int, int]:
-        """(entries, bytes) in the cache, counting fills in progress."""
+        """(entries, bytes) in the cache, counting fills in progress (those that reserved their own room,
+        and this process's), not room a process leased for fills to come."""
         return self._index.usage()
 
     def entries(self) -> list[dict]:
-        """Every index row, most recently used first (for inspection)."""
+        """Every entry of the index (fills in progress included, leases of room not), most recently used
+        first (for inspection)."""
         return self._index.rows()
 
     def __repr__(self) -> str:

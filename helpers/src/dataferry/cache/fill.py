@@ -3,11 +3,13 @@
 One coroutine, :meth:`FillEngine.fill`, holds every rule of a fill, whatever the source:
 
 - one download per object per machine: the fill lock, and a look for the file after it is held;
-- room under the budget: a reservation the index writer decides, waited for a while when readers
-  or fills in flight hold the room, refused when the object cannot fit (the read then streams);
+- room under the budget: drawn on the process's lease (:mod:`dataferry.cache.lease`) by a side that
+  leases, or a reservation the index writer decides, waited for a while when readers or fills in
+  flight hold the room, refused when the object cannot fit (the read then streams);
 - the bytes, with the source's retries (resuming), checked for size and CRC32C and fetched again
   when damaged, the whole fill bounded by ``retry_deadline_s`` (or a second per MB, if longer);
-- into place: durable, then renamed into ``objects/``, so a file there is always whole; a fill that
+- into place: renamed into ``objects/`` once verified, so a reader only ever finds whole files there,
+  and named by an index row only once durable (:mod:`dataferry.cache.sides`); a fill that
   fails removes its temp file and its reservation before it lets go of the lock, and a disk that
   fills up turns into a refusal.
 
@@ -70,11 +72,11 @@ class FillEngine:
 
     def __init__(self, index: Index, counters: Counters, locks: FillLocks, *, max_refetches: int,
                  retry_deadline_s: float) -> None:
-        self.layout, self.budget, self.count = index.layout, index.budget, counters.add
+        self.layout, self.budget, self.lease, self.count = index.layout, index.budget, index.lease, counters.add
         self.max_refetches, self.retry_deadline_s = max_refetches, retry_deadline_s
         self.pid = os.getpid()
         self.on_thread = OnThread(locks, index, counters.add)
-        self.on_loop = OnLoop(locks, index, counters.add, index.layout.tmp)
+        self.on_loop = OnLoop(locks, index, counters.add, index.layout.objects)
 
     def __repr__(self) -> str:
         return f"<FillEngine {self.layout.root}>"
@@ -101,22 +103,26 @@ class FillEngine:
             if os.path.exists(path) or (ahead and waited):
                 return cached
             self.count(misses=1)
-            refusal = await self._reserve(side, source, entry, k)
-            if refusal is not None:
-                return Filled(entry.name, entry.size, -1, refusal.why, entry=entry)
+            lease = self.lease.draw(entry.size) if side.leases else None
+            if lease is None:
+                refusal = await self._reserve(side, source, entry, k)
+                if refusal is not None:
+                    return Filled(entry.name, entry.size, -1, refusal.why, entry=entry)
             t0 = time.perf_counter()
             sink = None
             try:
                 sink = side.sink(self.layout.temp_path(k, self.pid), entry.size)
                 crc = await self._bytes(side, source, entry, sink)
             except BaseException as e:
-                return await self._undo(side, k, sink, e, entry)
+                return await self._undo(side, k, sink, e, entry, lease)
             try:
-                await side.place(sink, path, k, crc)
+                now = time.time()
+                row = (k, source.uri, printable(entry.name), entry.version, entry.size, crc, self.pid, now, now)
+                await side.place(sink, path, k, crc, None if lease is None else (lease, row))
             except (asyncio.CancelledError, GeneratorExit):
                 raise  # the group it joined puts it in place, or undoes it
             except BaseException as e:
-                return await self._undo(side, k, sink, e, entry)
+                return await self._undo(side, k, sink, e, entry, lease)
         self.count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
         return Filled(entry.name, entry.size, entry.size, entry=entry, crc32c=crc)
 
@@ -157,15 +163,20 @@ class FillEngine:
         raise DamagedAtSource(f"{where(source, printable(entry.name))}: {why} after {self.max_refetches + 1} downloads; "
                               "the object or the connection is damaged. Nothing was cached.")
 
-    async def _undo(self, side: Side, k: str, sink: Sink | None, e: BaseException, entry: Entry) -> Filled:
-        """A fill that failed: its temp file and its reservation go (before its lock does, so that no later
-        fill's row is taken for it); a refusal if the cache's disk filled up, else ``e`` raised."""
+    async def _undo(self, side: Side, k: str, sink: Sink | None, e: BaseException, entry: Entry,
+                    lease: str | None) -> Filled:
+        """A fill that failed: its temp file and its reservation (or the room it drew on the lease) go,
+        before its lock does, so that no later fill's row is taken for it; a refusal if the cache's disk
+        filled up, else ``e`` raised."""
         if sink is not None:
             sink.drop()
+        if lease is not None:
+            self.lease.give_back(entry.size)
         if isinstance(e, GeneratorExit):  # a coroutine closed mid-way may not wait: its row goes once this process ends
             raise e
         with contextlib.suppress(Exception):  # a disk too full to drop the row drops it with a later batch
-            await side.forget(k, self.pid)
+            if lease is None:
+                await side.forget(k, self.pid)
         if disk_full(e):
             return Filled(entry.name, entry.size, -1, f"the cache's disk filled up during the download "
                                                        f"({self.budget.free()})", entry=entry)

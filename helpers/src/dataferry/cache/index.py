@@ -11,21 +11,24 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import multiprocessing.util
 import os
 import queue
 import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
 from dataferry.cache.budget import Budget
 from dataferry.cache.errors import disk_full
 from dataferry.cache.layout import Layout
+from dataferry.cache.lease import Lease
 from dataferry.cache.locks import hold_across_fork
-from dataferry.cache.store import connect, release
+from dataferry.cache.placing import syncfs
+from dataferry.cache.store import close, connect, release
 from dataferry.errors import interrupted_at_exit
 
 __all__ = ["Index", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
@@ -40,6 +43,7 @@ def _flush_at_exit(ref: weakref.ref) -> None:
     if index is not None and index.pid == os.getpid():
         try:
             index.flush()
+            index.lease.end()
         except KeyboardInterrupt:
             interrupted_at_exit(f"writing the index of the cache {index.layout.root}: nothing is lost, the next open "
                                 "completes it")
@@ -50,7 +54,8 @@ def _flush_at_exit(ref: weakref.ref) -> None:
 class Index:
     """The index of one cache folder, for this process (a forked child makes its own). ``write_lock``
     is held by every write transaction of this process, and across a fork; what is queued for it is
-    written at exit."""
+    written at exit, and its :class:`~dataferry.cache.lease.Lease` returned: at a normal exit and at a
+    multiprocessing child's (a DataLoader worker's), which runs no ``atexit``."""
 
     def __init__(self, layout: Layout, budget: Budget) -> None:
         self.layout, self.budget = layout, budget
@@ -58,6 +63,7 @@ class Index:
         self.write_lock = threading.RLock()
         hold_across_fork(self)
         atexit.register(_flush_at_exit, weakref.ref(self))
+        self.lease = Lease(self)
         self._local = threading.local()
         self._mutex = threading.Lock()
         self._writer: IndexWriter | None = None
@@ -78,7 +84,7 @@ class Index:
         """Close this thread's connection (before the index file is set aside)."""
         db = getattr(self._local, "db", None)
         if db is not None:
-            db.close()
+            close(db)
             self._local.db = None
 
     @contextlib.contextmanager
@@ -101,6 +107,9 @@ class Index:
             with self._mutex:
                 if self._writer is None or not self._writer.alive:
                     self._writer = IndexWriter(self)
+                    # A multiprocessing child runs these, not atexit; registered here, not at a fork, which
+                    # is before the child clears the ones it inherited.
+                    multiprocessing.util.Finalize(None, _flush_at_exit, (weakref.ref(self),), exitpriority=10)
         return self._writer
 
     # -- uses, for LRU -------------------------------------------------------------------------
@@ -139,14 +148,18 @@ class Index:
     # -- reads and small writes ----------------------------------------------------------------
 
     def usage(self) -> tuple[int, int]:
-        """(entries, bytes), counting fills in progress."""
-        return self.db().execute("SELECT entries, bytes FROM usage").fetchone()
+        """(entries, bytes), counting fills in progress (once this process's are recorded), not leases."""
+        self.flush()
+        return self.db().execute(
+            "SELECT entries - n, bytes - b FROM usage, (SELECT count(*) AS n, coalesce(sum(size), 0) AS b FROM entries "
+            "WHERE key >= 'lease.' AND key < 'lease/')").fetchone()
 
     def rows(self) -> list[dict]:
-        """Every row, most recently used first."""
+        """Every entry (not leases), most recently used first."""
         self.flush()
         cur = self.db().execute(
-            "SELECT source, name, version, size, crc32c, state, last_used FROM entries ORDER BY last_used DESC")
+            "SELECT source, name, version, size, crc32c, state, last_used FROM entries "
+            "WHERE key < 'lease.' OR key >= 'lease/' ORDER BY last_used DESC")
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, row)) for row in cur.fetchall()]
 
@@ -205,6 +218,7 @@ class IndexWriter:
         self._outbox: list = []  # writes of the download loop's current turn
         self._gate = threading.Lock()
         self._stopped = False  # set (under the gate) as the thread ends: later requests fail at once
+        self._lease = (index.lease.key, index.lease.pid)  # deleted here if the index goes first
         self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
         self._thread.start()
 
@@ -220,6 +234,14 @@ class IndexWriter:
 
     def ready(self, crc: str, when: float, key: str) -> None:
         self._put("ready", (crc, when, key))
+
+    def placed(self, row: tuple, lease: str, path: str, release: Callable[[], None]) -> None:
+        """A fill on ``lease``'s room, renamed into place at ``path`` but not yet durable: after one
+        ``syncfs`` for its batch, ``row`` (its entry, ready) is written and its size taken off the lease in
+        one transaction, then ``release`` lets go of its fill lock (held until then, so that no recovery
+        takes the file, which has no row yet, for an orphan). A fill that cannot be recorded (the disk
+        failed its ``syncfs``, the writer stopped) is removed, its room given back to the lease."""
+        self._put("placed", (row, lease, path, release))
 
     def touch(self, touched: dict[str, float]) -> None:
         self._put("touch", touched)
@@ -251,6 +273,7 @@ class IndexWriter:
                 self._queue.put(item)
                 return
         _settle(_flat([item]), _stopped_error())
+        _give_up_placed(_flat([item]))
 
     def _stop_taking(self) -> None:
         """As the thread ends: fail what is queued and everything asked from now on."""
@@ -261,6 +284,7 @@ class IndexWriter:
             while True:
                 left.append(self._queue.get_nowait())
         _settle(_flat(left) + self._later, _stopped_error())
+        _give_up_placed(_flat(left) + self._later)
 
     @property
     def alive(self) -> bool:
@@ -287,10 +311,20 @@ class IndexWriter:
             try:
                 batch = [self._queue.get(timeout=IDLE_CHECK_S)]
             except queue.Empty:
-                if self._index_ref() is None:  # the index is gone and nothing is queued: so is this thread
-                    db.close()
-                    return
-                continue
+                if self._later:  # what a full disk refused, tried again while nothing else comes
+                    batch = []
+                else:
+                    index = self._index_ref()
+                    if index is None:  # the index is gone and nothing is queued: so is this thread, and its lease
+                        with contextlib.suppress(sqlite3.Error):
+                            db.execute("DELETE FROM entries WHERE key = ? AND pid = ?", self._lease)
+                        close(db)
+                        return
+                    if index.lease.let_go_if_idle():
+                        with contextlib.suppress(sqlite3.Error), index.write(db):
+                            db.execute("DELETE FROM entries WHERE key = ? AND pid = ?", self._lease)
+                    del index
+                    continue
             while len(batch) < 4096:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -304,7 +338,7 @@ class IndexWriter:
             finally:
                 del index, batch
             if stop:  # the thread ends after this batch
-                db.close()
+                close(db)
                 return
 
     def _commit(self, index: Index | None, db: sqlite3.Connection, batch: list) -> None:
@@ -317,8 +351,10 @@ class IndexWriter:
             return
         except BaseException as e:  # noqa: BLE001 - retried one by one below
             if len(batch) == 1 or index is None:
-                if batch[0][0] in ("ready", "forget") and disk_full(e):
+                if batch[0][0] in ("ready", "forget", "placed") and disk_full(e):
                     self._later += [(kind, args, None, owner) for kind, args, _, owner in batch]  # room by the next batch?
+                else:
+                    _give_up_placed(batch)
                 _settle(batch, e)
                 return
         for item in batch:
@@ -326,6 +362,13 @@ class IndexWriter:
 
     def _transaction(self, index: Index, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
         doomed: list[tuple[str, int]] = []
+        placed = [item for item in batch if item[0] == "placed"]
+        if placed:
+            try:
+                syncfs(index.layout.objects)  # the placed files' bytes are on disk before any row names them
+            except OSError:  # not known to be on disk: never named by a row (not retried: a later syncfs may not see the error)
+                _give_up_placed(placed)
+                batch = [item for item in batch if item[0] != "placed"]
         try:
             with index.write(db):
                 answers = self._apply(index, db, batch, doomed)
@@ -333,6 +376,7 @@ class IndexWriter:
             release(doomed, unlink=False)
             raise
         release(doomed, unlink=True)  # files go only once the rows naming them are gone for good
+        _release_placed(batch)
         return answers
 
     @staticmethod
@@ -356,6 +400,9 @@ class IndexWriter:
                 touched.update(args)
         # Finished fills and recent uses first, so the LRU order the reservations see is current.
         db.executemany("UPDATE entries SET state = 'ready', crc32c = ?, last_used = ? WHERE key = ?", ready)
+        placed = [args for kind, args, _, _ in batch if kind == "placed"]  # (row, lease, path, release)
+        db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, 'ready', ?, ?, ?)", [p[0] for p in placed])
+        db.executemany("UPDATE entries SET size = max(size - ?, 0) WHERE key = ?", [(p[0][4], p[1]) for p in placed])
         db.executemany("UPDATE entries SET last_used = ? WHERE key = ?", [(t, k) for k, t in touched.items()])
         db.executemany("DELETE FROM entries WHERE key = ? AND state = 'filling' AND pid = ?",
                        [args for kind, args, _, _ in batch if kind == "forget"])
@@ -367,6 +414,29 @@ class IndexWriter:
 
 def _flat(items: list) -> list:
     return [one for item in items for one in (item[1] if item[0] == "many" else (item,))]
+
+
+def _release_placed(items: list) -> None:
+    """Placed fills recorded: let go of their fill locks, and tell their leases."""
+    for kind, args, _, owner in items:
+        if kind == "placed":
+            with contextlib.suppress(OSError):
+                args[3]()
+            if owner is not None and args[1] == owner.lease.key:
+                owner.lease.recorded(args[0][4])
+
+
+def _give_up_placed(items: list) -> None:
+    """Placed fills that cannot be recorded: their files go while their locks are still held (no row
+    names them, and they may not be durable), then the locks, and their room goes back to the lease."""
+    for kind, args, _, owner in items:
+        if kind == "placed":
+            with contextlib.suppress(OSError):
+                os.unlink(args[2])
+            with contextlib.suppress(OSError):
+                args[3]()
+            if owner is not None and args[1] == owner.lease.key:
+                owner.lease.give_back(args[0][4])
 
 
 def _stopped_error() -> RuntimeError:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import struct
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["FillLocks", "renew_after_fork", "hold_across_fork", "lock_offset"]
@@ -62,14 +63,27 @@ class FillLocks:
     @contextlib.contextmanager
     def hold(self, key: str) -> Iterator[bool]:
         """Hold ``key``'s fill lock, waiting for it (in the kernel) while another thread or process
-        does. Gives whether it had to wait for another."""
+        does. Gives whether it had to wait for another. Let go of at the end, unless :meth:`keep` says."""
         waited = not self.try_hold(key)
         if waited:
             fcntl.fcntl(self._file(), _SETLKW, _request(fcntl.F_WRLCK, lock_offset(key)))
         try:
             yield waited
         finally:
-            self.release(key)
+            kept = getattr(self._local, "kept", None)
+            if kept == key:
+                self._local.kept = None
+            else:
+                self.release(key)
+
+    def unlocker(self, key: str) -> Callable[[], None]:
+        """A call that lets go of ``key``'s fill lock, which this thread holds, from any thread (it keeps
+        this thread's lock file open until then)."""
+        return functools.partial(_unlock, self._local.file, lock_offset(key))
+
+    def keep(self, key: str) -> None:
+        """Keep ``key``'s fill lock past the end of this thread's :meth:`hold` (its :meth:`unlocker` lets go)."""
+        self._local.kept = key
 
     def try_hold(self, key: str) -> bool:
         """Take ``key``'s fill lock if no other thread or process holds it; never waits."""
@@ -85,27 +99,33 @@ class FillLocks:
         fcntl.fcntl(self._file(), _SETLK, _request(fcntl.F_UNLCK, lock_offset(key)))
 
 
+def _unlock(file: Any, offset: int) -> None:
+    fcntl.fcntl(file.fileno(), _SETLK, _request(fcntl.F_UNLCK, offset))
+
+
 def renew_after_fork(obj: Any) -> None:
     """While ``obj`` lives, a forked child calls ``obj._init_process_state()`` at once for fresh locks,
     connections and counters."""
     _LIVE.add(obj)
 
 
-def hold_across_fork(obj: Any) -> None:
+def hold_across_fork(obj: Any, last: bool = False) -> None:
     """While ``obj`` lives, its write lock ``obj.write_lock`` is held while the process forks, so no index
     transaction is half-done in the child's copy of SQLite's lock bookkeeping (a child would wait on a
     lock no thread of its own will ever release). An index lives as long as writes are queued for it,
-    so this holds even for a cache dropped meanwhile."""
-    _GUARDED.add(obj)
+    so this holds even for a cache dropped meanwhile. ``last``: taken after every other (a lock held for
+    a moment, never while waiting for another)."""
+    (_LAST if last else _GUARDED).add(obj)
 
 
 _GUARDED: weakref.WeakSet = weakref.WeakSet()
+_LAST: weakref.WeakSet = weakref.WeakSet()
 _HELD: dict[int, list[Any]] = {}  # by forking thread: two threads may fork at once
 
 
 def _before_fork() -> None:
     held = _HELD.setdefault(threading.get_ident(), [])
-    for obj in sorted(_GUARDED, key=id):  # one order everywhere: two forking threads cannot deadlock
+    for obj in [*sorted(_GUARDED, key=id), *sorted(_LAST, key=id)]:  # one order everywhere: no deadlock
         obj.write_lock.acquire()
         held.append(obj)
 

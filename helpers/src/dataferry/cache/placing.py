@@ -23,7 +23,7 @@ from typing import Any
 
 from dataferry.cache.errors import CacheFolderError
 
-__all__ = ["Placing"]
+__all__ = ["Placing", "syncfs"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -101,7 +101,7 @@ def _place(folder: str, group: list[_Finished]) -> None:
             except OSError as e:
                 finished.error = CacheFolderError.writing(e)
     try:
-        _syncfs(folder)
+        syncfs(folder)
     except OSError as e:
         for finished in group:
             finished.error = finished.error or e
@@ -126,7 +126,7 @@ def _write_file(path: str, data: bytes | bytearray) -> None:
         os.close(fd)
 
 
-def _syncfs(folder: str) -> None:
+def syncfs(folder: str) -> None:
     """Flush every written page of the file system holding ``folder`` (``sync`` where there is no syncfs)."""
     fd = os.open(folder, os.O_RDONLY)
     try:

@@ -2,8 +2,10 @@
 ``verify`` / ``clear`` are safe beside other processes that fill, read and evict.
 
 A file is an orphan only if no row names it while its fill lock is held (a fill holds it from
-before its row exists until after its rename); a ready row whose file is gone is dropped; a fill
-whose process died is finished (a right-sized file was verified before its rename) or dropped.
+before its file exists until its row does: a reserved fill's row comes first, a leased fill's after
+its rename, once durable); a temp file is a live fill's unless its process died; a ready row whose
+file is gone is dropped; a fill whose process died is finished (a right-sized file was verified and
+made durable before its rename) or dropped.
 """
 
 from __future__ import annotations
@@ -47,14 +49,11 @@ class VerifyReport:
 def recover(layout: Layout, index: Index, locks: FillLocks) -> None:
     """Clean what crashed processes left: dead fills' temp files and index rows, rows whose
     file is missing, and files no row names (evicted by a process that died before unlinking)."""
-    for name in os.listdir(layout.tmp):
-        pid = Layout.temp_pid(name)
-        if pid != os.getpid() and not pid_alive(pid):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{layout.tmp}/{name}")
+    with contextlib.suppress(FileNotFoundError):
+        _drop_dead_temp_files(layout.old_tmp, os.listdir(layout.old_tmp))
     _finish_dead_fills(layout, index)
     for sub in layout.shelves():
-        files = set(os.listdir(layout.shelf(sub)))
+        files = _drop_dead_temp_files(layout.shelf(sub), os.listdir(layout.shelf(sub)))
         rows = dict(index.db().execute("SELECT key, state FROM entries WHERE key >= ? AND key < ?",
                                        (sub, sub + "g")).fetchall())
         missing = [k for k, state in rows.items() if state == "ready" and k not in files]
@@ -65,6 +64,19 @@ def recover(layout: Layout, index: Index, locks: FillLocks) -> None:
             _remove_orphan(layout, index, locks, sub, name)
     with index.write() as db:
         recount(db)
+
+
+def _drop_dead_temp_files(folder: str, names: list[str]) -> set[str]:
+    """Unlink the temp files in ``folder`` of processes that died; the names that are not temp files."""
+    others = set()
+    for name in names:
+        pid = Layout.temp_pid(name)
+        if pid < 0:
+            others.add(name)
+        elif pid != os.getpid() and not pid_alive(pid):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{folder}/{name}")
+    return others
 
 
 def set_index_aside(layout: Layout, index: Index, error: sqlite3.DatabaseError) -> None:
@@ -97,7 +109,7 @@ def _finish_dead_fills(layout: Layout, index: Index) -> None:
 
 def _remove_orphan(layout: Layout, index: Index, locks: FillLocks, sub: str, name: str) -> bool:
     """Unlink ``objects/sub/name`` if no row names it. Its fill lock is held meanwhile: a fill
-    holds it from before its row exists until after its rename, so none can be missed."""
+    holds it until its row exists, so a fill in progress is never taken for an orphan."""
     with locks.hold(name):
         if index.db().execute("SELECT 1 FROM entries WHERE key = ?", (name,)).fetchone():
             return False
@@ -135,7 +147,7 @@ def verify(layout: Layout, index: Index, locks: FillLocks) -> VerifyReport:
                 index.discard(key)
         known = {row[0] for row in rows}
         for name in os.listdir(layout.shelf(sub)):
-            if name not in known and _remove_orphan(layout, index, locks, sub, name):
+            if name not in known and Layout.temp_pid(name) < 0 and _remove_orphan(layout, index, locks, sub, name):
                 report.orphans_removed += 1
     return report
 

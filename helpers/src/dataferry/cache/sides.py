@@ -6,8 +6,10 @@ transport (:mod:`dataferry.cache.transport`) on either side.
 
 - :class:`OnThread`: a fill a caller waits for (a read's miss, a folder's fill from a pool thread). The
   coroutine runs to its end on the caller's thread (:func:`run_here`), every wait blocking that thread:
-  the fill lock waits in the kernel, a bucket's bytes come over the download loop into the temp file,
-  then made durable (``fsync``) and renamed into place.
+  the fill lock waits in the kernel, a bucket's bytes come over the download loop into the temp file.
+  A fill on the process's lease (:mod:`dataferry.cache.lease`) is renamed into place at once and made
+  durable with its batch by the index writer (one ``syncfs``, before its row is written); one that
+  reserved its own room is made durable (``fsync``), then renamed.
 - :class:`OnLoop`: a bucket's fills by the hundred (``stage``, fills ahead of a reader), as coroutines on
   the process's download loop (:mod:`dataferry.aio`). Its fill lock is polled, never blocking the loop;
   objects up to ``HELD_MAX`` are held in memory and put in place a group at a time
@@ -32,11 +34,12 @@ from dataferry.cache.placing import Placing
 from dataferry.cache.transport import Sink, fetch_ranges, fetch_whole
 from dataferry.sources import Entry, Source, fetches_async
 
-__all__ = ["Side", "OnLoop", "OnThread", "run_here", "HELD_MAX"]
+__all__ = ["Side", "OnLoop", "OnThread", "run_here", "HELD_MAX", "Leased"]
 
 HELD_MAX = 256 << 10  # objects up to this size are held in memory until they are put in place (on the loop)
 
 T = TypeVar("T")
+Leased = tuple[str, tuple]  # a fill on a lease: the lease's key, and the entry's row to record
 
 
 def run_here(coro: Coroutine[Any, Any, T]) -> T:
@@ -50,7 +53,10 @@ def run_here(coro: Coroutine[Any, Any, T]) -> T:
 
 
 class Side(Protocol):
-    """What the fill engine needs of the place it runs."""
+    """What the fill engine needs of the place it runs; ``leases``: whether its fills draw on the
+    process's lease."""
+
+    leases: bool
 
     def hold(self, key: str) -> contextlib.AbstractAsyncContextManager[bool]: ...
     async def reserve(self, row: tuple) -> Refusal | None: ...
@@ -58,11 +64,13 @@ class Side(Protocol):
     async def pause(self, seconds: float) -> None: ...
     def sink(self, tmp: str, size: int) -> Sink: ...
     async def fetch(self, source: Source, entry: Entry, sink: Sink, deadline: float) -> tuple[int, int]: ...
-    async def place(self, sink: Sink, path: str, key: str, crc: str) -> None: ...
+    async def place(self, sink: Sink, path: str, key: str, crc: str, leased: Leased | None) -> None: ...
 
 
 class OnThread:
     """Fills run to completion on the caller's thread, every wait blocking it."""
+
+    leases = True
 
     def __init__(self, locks: FillLocks, index: Index, count: Any) -> None:
         self.locks, self.index, self.count = locks, index, count
@@ -97,18 +105,28 @@ class OnThread:
             return aio.run(fetch_ranges(source, entry, sink, deadline, self.count))
         return fetch_whole(source, entry, sink, deadline, self.count)
 
-    async def place(self, sink: Sink, path: str, key: str, crc: str) -> None:
-        """Durable, then renamed into place (atomic: ``objects/`` only ever holds whole files; the
-        folder is not fsynced, so after a power cut a just-renamed file may be missing, never
-        partial), then its row marked ready."""
-        os.fsync(sink.fd)
+    async def place(self, sink: Sink, path: str, key: str, crc: str, leased: Leased | None) -> None:
+        """Renamed into place (atomic: readers only ever find whole files there). A fill with its own
+        reservation is durable first, then its row marked ready; a fill on the lease (``leased``: its
+        lease and its row) is recorded by the index writer once its batch is durable, and keeps its fill
+        lock until then. A row only ever names a durable file: a power cut may leave a file no row
+        names, partial, which the next open removes as an orphan."""
+        if leased is None:
+            os.fsync(sink.fd)
         sink.close()
         os.replace(sink.tmp, path)
-        self.index.writer.ready(crc, time.time(), key)
+        if leased is None:
+            self.index.writer.ready(crc, time.time(), key)
+        else:  # queued before the lock is marked kept: an interrupt between the two frees it early, never leaks it
+            self.index.writer.placed(leased[1], leased[0], path, self.locks.unlocker(key))
+            self.locks.keep(key)
 
 
 class OnLoop:
-    """Fills of a source with ``fetch_async``, as coroutines on this process's download loop."""
+    """Fills of a source with ``fetch_async``, as coroutines on this process's download loop. Their
+    reservations share one round trip per turn of the loop, so they draw on no lease."""
+
+    leases = False
 
     def __init__(self, locks: FillLocks, index: Index, count: Any, tmp_folder: str) -> None:
         self.locks, self.index, self.count = locks, index, count
@@ -163,7 +181,7 @@ class OnLoop:
     async def fetch(self, source: Source, entry: Entry, sink: Sink, deadline: float) -> tuple[int, int]:
         return await fetch_ranges(source, entry, sink, deadline, self.count)
 
-    async def place(self, sink: Sink, path: str, key: str, crc: str) -> None:
+    async def place(self, sink: Sink, path: str, key: str, crc: str, leased: Leased | None) -> None:
         """Put in place with the next group (:mod:`dataferry.cache.placing`), its row marked ready."""
         sink.close()
         await self.placing.put(self.index.writer, sink.tmp, path, key, self.pid, crc, sink.held)

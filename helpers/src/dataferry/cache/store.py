@@ -14,16 +14,18 @@ import errno
 import os
 import random
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
 from dataferry.cache.checksum import file_crc
 from dataferry.cache.errors import CacheFolderError
 from dataferry.cache.layout import Layout
+from dataferry.cache.locks import hold_across_fork
 from dataferry.host import pid_alive
 
 __all__ = ["SCHEMA_VERSION", "connect", "create", "damaged", "still_damaged", "recount", "release",
-           "reclaim_dead_fills"]
+           "reclaim_dead_fills", "leased", "close"]
 
 SCHEMA_VERSION = 1
 OPEN_TIMEOUT_S = 60.0
@@ -61,25 +63,45 @@ def connect(path: Path) -> sqlite3.Connection:
     wait: they try again, with backoff, for up to ``OPEN_TIMEOUT_S``."""
     deadline, pause = time.monotonic() + OPEN_TIMEOUT_S, 0.005
     while True:
-        db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA recursive_triggers=ON")  # so REPLACE's delete keeps the totals right
-            return db
-        except sqlite3.OperationalError as e:
-            db.close()
-            if not _busy(e):
+        with _OPENING.write_lock:
+            db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("PRAGMA recursive_triggers=ON")  # so REPLACE's delete keeps the totals right
+                return db
+            except sqlite3.OperationalError as e:
+                db.close()
+                if not _busy(e):
+                    raise
+                if time.monotonic() > deadline:
+                    raise CacheFolderError(errno.EBUSY, f"the index of the cache {path.parent} stayed locked for "
+                                                        f"{OPEN_TIMEOUT_S:g} s: another process holds it (a hung one?); "
+                                                        "stop it, or use another cache folder") from None
+            except BaseException:
+                db.close()
                 raise
-            if time.monotonic() > deadline:
-                raise CacheFolderError(errno.EBUSY, f"the index of the cache {path.parent} stayed locked for "
-                                                    f"{OPEN_TIMEOUT_S:g} s: another process holds it (a hung one?); "
-                                                    "stop it, or use another cache folder") from None
-        except BaseException:
-            db.close()
-            raise
         time.sleep(pause * (0.5 + random.random()))
         pause = min(2 * pause, 0.5)
+
+
+def close(db: sqlite3.Connection) -> None:
+    """Close a connection (see :data:`_OPENING`)."""
+    with _OPENING.write_lock:
+        db.close()
+
+
+class _Opening:
+    """SQLite takes a process-wide mutex to open or close a database file. A fork while another thread
+    holds it leaves it held for good in the child, whose first connection then hangs (seen: a DataLoader
+    worker forked as an index writer closed its connection). So connections open and close under this
+    lock, which the process holds across a fork, after every index's write lock."""
+
+    write_lock = threading.Lock()
+
+
+_OPENING = _Opening()
+hold_across_fork(_OPENING, last=True)
 
 
 def _busy(e: sqlite3.OperationalError) -> bool:
@@ -99,6 +121,13 @@ def recount(db: sqlite3.Connection) -> None:
     db.execute("""UPDATE usage SET
         entries = (SELECT count(*) FROM entries), bytes = (SELECT coalesce(sum(size), 0) FROM entries),
         filling_bytes = (SELECT coalesce(sum(size), 0) FROM entries WHERE state = 'filling')""")
+
+
+def leased(db: sqlite3.Connection) -> tuple[int, int]:
+    """(rows, bytes) of processes' leases on room (:mod:`dataferry.cache.lease`): counted by the budget,
+    not entries of the cache."""
+    return db.execute("SELECT count(*), coalesce(sum(size), 0) FROM entries WHERE key >= 'lease.' AND key < 'lease/'"
+                      ).fetchone()
 
 
 def create(db: sqlite3.Connection) -> None:
@@ -132,7 +161,7 @@ def still_damaged(path: Path) -> bool:
     except sqlite3.DatabaseError as e:
         return damaged(e)
     finally:
-        db.close()
+        close(db)
 
 
 def reclaim_dead_fills(db: sqlite3.Connection, layout: Layout, doomed: list[tuple[str, int]]) -> bool:

@@ -47,8 +47,8 @@ def _count_file_batch(batch: list[bytes]) -> tuple[int, int]:
 
 
 def _data_files(folder: Path) -> list[str]:
-    """The cached data under ``folder``: dataferry's cache keeps it in ``objects/`` and ``tmp/`` (its index
-    beside them), webdataset's in the folder itself."""
+    """The cached data under ``folder``: dataferry's cache keeps it in ``objects/`` (its index
+    beside it), webdataset's in the folder itself."""
     return [os.path.join(d, f) for top in Layout.data_folders(folder) for d, _, fs in os.walk(top) for f in fs]
 
 

@@ -116,15 +116,18 @@ class FillEngine:
             except BaseException as e:
                 return await self._undo(side, k, sink, e, entry, lease)
             try:
-                now = time.time()
-                row = (k, source.uri, printable(entry.name), entry.version, entry.size, crc, self.pid, now, now)
-                await side.place(sink, path, k, crc, None if lease is None else (lease, row))
+                await side.place(sink, path, k, crc, None if lease is None else (lease, self._row(source, entry, k, crc)))
             except (asyncio.CancelledError, GeneratorExit):
                 raise  # the group it joined puts it in place, or undoes it
             except BaseException as e:
                 return await self._undo(side, k, sink, e, entry, lease)
         self.count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
         return Filled(entry.name, entry.size, entry.size, entry=entry, crc32c=crc)
+
+    def _row(self, source: Source, entry: Entry, k: str, crc: str) -> tuple:
+        """A leased fill's entry, ready, as the index writer records it."""
+        now = time.time()
+        return (k, source.uri, printable(entry.name), entry.version, entry.size, crc, self.pid, now, now)
 
     async def stream(self, side: Side, source: Source, entry: Entry) -> bytes:
         """The object's bytes straight from the source, checked like a fill's, kept nowhere."""

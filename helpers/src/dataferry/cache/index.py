@@ -28,7 +28,7 @@ from dataferry.cache.layout import Layout
 from dataferry.cache.lease import Lease
 from dataferry.cache.locks import hold_across_fork
 from dataferry.cache.placing import syncfs
-from dataferry.cache.store import close, connect, release
+from dataferry.cache.store import LEASES, close, connect, release
 from dataferry.errors import interrupted_at_exit
 
 __all__ = ["Index", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
@@ -150,16 +150,16 @@ class Index:
     def usage(self) -> tuple[int, int]:
         """(entries, bytes), counting fills in progress (once this process's are recorded), not leases."""
         self.flush()
-        return self.db().execute(
+        return self.db().execute(  # one statement: one snapshot
             "SELECT entries - n, bytes - b FROM usage, (SELECT count(*) AS n, coalesce(sum(size), 0) AS b FROM entries "
-            "WHERE key >= 'lease.' AND key < 'lease/')").fetchone()
+            f"WHERE {LEASES})").fetchone()
 
     def rows(self) -> list[dict]:
         """Every entry (not leases), most recently used first."""
         self.flush()
         cur = self.db().execute(
             "SELECT source, name, version, size, crc32c, state, last_used FROM entries "
-            "WHERE key < 'lease.' OR key >= 'lease/' ORDER BY last_used DESC")
+            f"WHERE NOT ({LEASES}) ORDER BY last_used DESC")
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, row)) for row in cur.fetchall()]
 
@@ -316,13 +316,11 @@ class IndexWriter:
                 else:
                     index = self._index_ref()
                     if index is None:  # the index is gone and nothing is queued: so is this thread, and its lease
-                        with contextlib.suppress(sqlite3.Error):
-                            db.execute("DELETE FROM entries WHERE key = ? AND pid = ?", self._lease)
+                        self._drop_lease(db)
                         close(db)
                         return
                     if index.lease.let_go_if_idle():
-                        with contextlib.suppress(sqlite3.Error), index.write(db):
-                            db.execute("DELETE FROM entries WHERE key = ? AND pid = ?", self._lease)
+                        self._drop_lease(db)
                     del index
                     continue
             while len(batch) < 4096:
@@ -340,6 +338,10 @@ class IndexWriter:
             if stop:  # the thread ends after this batch
                 close(db)
                 return
+
+    def _drop_lease(self, db: sqlite3.Connection) -> None:
+        with contextlib.suppress(sqlite3.Error):  # a row left behind is reclaimed once this process ends
+            db.execute("DELETE FROM entries WHERE key = ? AND pid = ?", self._lease)
 
     def _commit(self, index: Index | None, db: sqlite3.Connection, batch: list) -> None:
         """Apply a batch in one transaction; if it fails, item by item, so that one bad request
@@ -416,27 +418,25 @@ def _flat(items: list) -> list:
     return [one for item in items for one in (item[1] if item[0] == "many" else (item,))]
 
 
-def _release_placed(items: list) -> None:
-    """Placed fills recorded: let go of their fill locks, and tell their leases."""
+def _release_placed(items: list, recorded: bool = True) -> None:
+    """Placed fills, recorded or not: let go of their fill locks and tell their leases. One that cannot be
+    recorded loses its file first, while its lock is still held (no row names it, and it may not be
+    durable), and its room goes back to the lease."""
     for kind, args, _, owner in items:
-        if kind == "placed":
+        if kind != "placed":
+            continue
+        row, lease, path, unlock = args
+        if not recorded:
             with contextlib.suppress(OSError):
-                args[3]()
-            if owner is not None and args[1] == owner.lease.key:
-                owner.lease.recorded(args[0][4])
+                os.unlink(path)
+        with contextlib.suppress(OSError):
+            unlock()
+        if owner is not None and lease == owner.lease.key:
+            (owner.lease.recorded if recorded else owner.lease.give_back)(row[4])
 
 
 def _give_up_placed(items: list) -> None:
-    """Placed fills that cannot be recorded: their files go while their locks are still held (no row
-    names them, and they may not be durable), then the locks, and their room goes back to the lease."""
-    for kind, args, _, owner in items:
-        if kind == "placed":
-            with contextlib.suppress(OSError):
-                os.unlink(args[2])
-            with contextlib.suppress(OSError):
-                args[3]()
-            if owner is not None and args[1] == owner.lease.key:
-                owner.lease.give_back(args[0][4])
+    _release_placed(items, recorded=False)
 
 
 def _stopped_error() -> RuntimeError:

@@ -25,7 +25,7 @@ from dataferry.cache.locks import hold_across_fork
 from dataferry.host import pid_alive
 
 __all__ = ["SCHEMA_VERSION", "connect", "create", "damaged", "still_damaged", "recount", "release",
-           "reclaim_dead_fills", "leased", "close"]
+           "reclaim_dead_fills", "leased", "close", "LEASES"]
 
 SCHEMA_VERSION = 1
 OPEN_TIMEOUT_S = 60.0
@@ -123,11 +123,12 @@ def recount(db: sqlite3.Connection) -> None:
         filling_bytes = (SELECT coalesce(sum(size), 0) FROM entries WHERE state = 'filling')""")
 
 
+LEASES = "key >= 'lease.' AND key < 'lease/'"  # the rows of leases on room (:mod:`dataferry.cache.lease`), by key range
+
+
 def leased(db: sqlite3.Connection) -> tuple[int, int]:
-    """(rows, bytes) of processes' leases on room (:mod:`dataferry.cache.lease`): counted by the budget,
-    not entries of the cache."""
-    return db.execute("SELECT count(*), coalesce(sum(size), 0) FROM entries WHERE key >= 'lease.' AND key < 'lease/'"
-                      ).fetchone()
+    """(rows, bytes) of processes' leases on room: counted by the budget, not entries of the cache."""
+    return db.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM entries WHERE {LEASES}").fetchone()
 
 
 def create(db: sqlite3.Connection) -> None:

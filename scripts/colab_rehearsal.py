@@ -222,11 +222,12 @@ def _sandbox(top: Path, nb: Path, endpoint: str) -> dict[str, str]:
         (apt_bin / "gcsfuse").symlink_to(gcsfuse[-1])
     (top / "root").mkdir()
     (top / "no-tools").mkdir()
+    (top / "tmp").mkdir()  # the runtime's /tmp, on the same disk as /content in Colab
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATAFERRY", "STORAGE_EMULATOR", "GO", "MPL",
                                                                     "JUPYTER", "IPYTHON", "PYTHON", "VIRTUAL_ENV"))}
     env.update({
         "PATH": os.pathsep.join([str(VENV / "bin"), str(apt_bin), "/usr/sbin", "/usr/bin", "/sbin", "/bin"]),
-        "HOME": str(top / "root"), "PYTHONPATH": str(top / "standin"), "IPYTHONDIR": str(top / "ipython"),
+        "HOME": str(top / "root"), "TMPDIR": str(top / "tmp"), "PYTHONPATH": str(top / "standin"), "IPYTHONDIR": str(top / "ipython"),
         "JUPYTER_PATH": str(top / "jupyter"), "COLAB_RELEASE_TAG": "rehearsal",
         "COLAB_REHEARSAL_CALLS": str(top / "colab-calls.jsonl"),
         "STORAGE_EMULATOR_HOST": endpoint,
@@ -264,10 +265,14 @@ def _warnings(executed: Path) -> list[str]:
 
 def _stray_files(top: Path, nb: Path) -> list[str]:
     """Files the lesson wrote outside the course folder (content/dataferry) and the runtime's own places."""
-    allowed = {"standin", "ipython", "jupyter", "apt-bin", "root", "no-tools", "colab-calls.jsonl"}
+    allowed = {"standin", "ipython", "jupyter", "apt-bin", "root", "no-tools", "tmp", "colab-calls.jsonl"}
     stray = [str(p.relative_to(top)) for p in top.iterdir() if p.name not in allowed and p.name != "content"]
     stray += [str(p.relative_to(top)) for p in (top / "content").iterdir() if p.name not in (nb.name, "dataferry")]
     stray += [str(p.relative_to(top)) for p in (top / "no-tools").rglob("*")]
+    # what outlives the kernel in /tmp fills the runtime's disk, run after run (multiprocessing's and
+    # torch's own folders are theirs)
+    stray += [str(p.relative_to(top)) for p in (top / "tmp").iterdir()
+              if not p.name.startswith(("pymp-", "torchinductor_", "torchelastic_"))]
     return stray
 
 

@@ -104,6 +104,19 @@ def test_bench_on_a_folder(tmp_path):
     assert "| europe-west4 | folder |" in stdout
 
 
+def test_a_target_made_without_a_work_folder_removes_its_own(lab):
+    """``lab_target`` with no ``work`` (as a lesson calls it) keeps its local copy in a temp folder of its
+    own, gone when the target is closed, as it is when garbage-collected or at the kernel's exit."""
+    from dataferry.lab.methodsbench import lab_target
+
+    with lab_target(lab, "own-target", 3, 1000, seed=1) as target:
+        assert target.local_copy is not None and len(list(target.local_copy.iterdir())) == 3
+        scratch = Path(target.scratch.name)
+        assert target.local_copy.is_relative_to(scratch)
+    assert not scratch.exists()
+    lab.delete_bucket("own-target")
+
+
 def test_a_run_over_files_of_many_sizes_is_one_size_class(tmp_path):
     """Real data sets (the public images) have files of many sizes: aggregate rows carry the run's mean
     file size, so a run's epochs are never split by whichever file happened to be shuffled first."""

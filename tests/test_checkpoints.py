@@ -61,7 +61,7 @@ CHILD = textwrap.dedent("""
     from pathlib import Path
     from dataferry.checkpoints import Checkpoints
 
-    dest, where = sys.argv[1], sys.argv[2]
+    dest, where, work = sys.argv[1], sys.argv[2], sys.argv[3]
     client = None
     if dest.startswith("gs://"):
         from google.auth.credentials import AnonymousCredentials
@@ -84,7 +84,7 @@ CHILD = textwrap.dedent("""
     else:
         from google.cloud.storage import Blob
         Blob.upload_from_filename = die_uploading
-    Checkpoints(dest, keep=3, client=client).save(2, lambda p: p.write_bytes(bytes(range(256)) * 4000))
+    Checkpoints(dest, keep=3, client=client, work=work).save(2, lambda p: p.write_bytes(bytes(range(256)) * 4000))
 """)
 
 
@@ -92,9 +92,14 @@ def test_a_disconnect_in_the_middle_of_a_save_leaves_the_last_good_checkpoint(de
     ckpt = Checkpoints(dest["dest"], keep=3, client=dest.get("client"), work=tmp_path / "work")
     _save(ckpt, 1)
     where = "upload" if dest["dest"].startswith("gs://") else "copy"
-    proc = subprocess.run([sys.executable, "-c", CHILD, dest["dest"], where], env={**os.environ, **lab.env()},
-                          capture_output=True, text=True, timeout=120)
+    child_work = tmp_path / "child-work"
+    proc = subprocess.run([sys.executable, "-c", CHILD, dest["dest"], where, str(child_work)],
+                          env={**os.environ, **lab.env()}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert [p.name.startswith(".dataferry-checkpoint-") for p in child_work.iterdir()] == [True], \
+        "the killed save left its local copy"
+    Checkpoints(dest["dest"], keep=3, client=dest.get("client"), work=child_work)
+    assert not list(child_work.iterdir()), "the next open in that work folder removes a dead process's copy"
     latest = ckpt.latest()
     assert latest.step == 1, "the pointer moves only after the new checkpoint is whole and verified"
     assert ckpt.fetch(tmp_path / "back").read_bytes() == _payload(1)

@@ -147,3 +147,15 @@ def test_a_lab_mount_takes_gcsfuse_knobs_read_only_and_one_folder(gcsfuse_lab, l
         with pytest.raises(OSError, match="Read-only"):
             (m.mountpoint / "new.txt").write_text("x")
     assert lab_bucket.get_blob("new.txt") is None
+
+
+def test_a_file_cache_of_the_mounts_own_is_used_and_goes_at_unmount(gcsfuse_lab, lab_bucket, tmp_path):
+    """``file_cache=True`` with no folder named: the cache is real (a read fills it) and lives in a temp
+    folder of the mount's own, which unmount removes (a lesson run again and again must not fill the disk)."""
+    lab_bucket.blob("k/w.bin").upload_from_string(b"w" * 300_000)
+    with mount_gcsfuse(lab_bucket.name, tmp_path / "mnt", file_cache=True, endpoint=gcsfuse_lab.endpoint,
+                       anonymous=True, gcsfuse=gcsfuse_lab.status()["gcsfuse"]["path"]) as m:
+        assert (m.mountpoint / "k" / "w.bin").read_bytes() == b"w" * 300_000
+        cached = [p for p in m.cache_dir.rglob("*") if p.is_file()]
+        assert [p.stat().st_size for p in cached] == [300_000], "the read went through the file cache"
+    assert not m.cache_dir.exists() and not m.log_path.exists(), "unmount removed the mount's own folder"

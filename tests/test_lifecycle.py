@@ -52,6 +52,15 @@ def test_down_leaves_no_process_mount_or_folder(own_lab):
     assert lab.down() == []  # down twice is fine
 
 
+def test_a_private_lab_is_gone_with_its_folders_when_its_block_ends_even_by_an_error():
+    with pytest.raises(KeyError), Lab.private(gcsfuse=False) as lab:
+        state = lab.state
+        assert lab.create_bucket("private-one").exists()
+        raise KeyError("the block fails")
+    _assert_nothing_left(state)
+    assert not lab.state_dir.exists(), "the state folder went too"
+
+
 def test_up_twice_reuses_the_running_lab(own_lab):
     first = own_lab.up().state
     again = Lab(state_dir=own_lab.state_dir).up().state

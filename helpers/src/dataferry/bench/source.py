@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataferry.bench.methods import Target, compare_methods
+from dataferry.bench.methods import Target, compare_methods, scratch_folder
 from dataferry.bench.report import bucket_location, gpu_rows, write_summary
 from dataferry.cache import Cache
 from dataferry.progress import progress_bar
@@ -41,7 +41,7 @@ def source_target(uri: str, max_files: int = 200, seed: int = 0,
     sizes = {e.name: e.size for e in chosen}
     if isinstance(source, LocalSource):
         return Target(names=list(sizes), sizes=sizes, folder=source.root, source=source)
-    work = Path(work or tempfile.mkdtemp(prefix="dataferry-target-"))
+    work, scratch = scratch_folder(work, "dataferry-target-")
     gcs = source._client_here()
     anonymous = isinstance(getattr(gcs, "_credentials", None), AnonymousCredentials)
 
@@ -50,7 +50,7 @@ def source_target(uri: str, max_files: int = 200, seed: int = 0,
                              cache_dir=work / f"gcsfuse-cache-{time.monotonic_ns()}" if file_cache else None)
 
     return Target(names=list(sizes), sizes=sizes, bucket=gcs.bucket(source.bucket), prefix=source.prefix,
-                  source=source, mount=mount if shutil.which("gcsfuse") else None)
+                  source=source, mount=mount if shutil.which("gcsfuse") else None, scratch=scratch)
 
 
 def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
@@ -66,24 +66,24 @@ def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
     from dataferry.runtime import Region, capture, detect_region
 
     out = Path(out)
-    work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
-    target = source_target(uri, max_files=max_files, seed=seed, work=work, client=client, suffix=suffix)
-    source, chosen, sizes = target.source, target.names, target.sizes
-    default = (["folder", "dataferry"] if target.bucket is None else
-               ["api-serial", "api-parallel", "dataferry"] + (["gcsfuse", "gcsfuse-cache"] if target.mount else []))
-    methods = list(methods or default)
-    where = region if isinstance(region, Region) else detect_region(region)
-    runtime = capture(str(work), region=where)
-    total = sum(sizes.values())
-    meta = {"experiment": "methods", "where": uri, "runtime": runtime.to_dict(), "seed": seed, "passes": passes,
-            "repeats": repeats, "methods": methods,
-            "bucket_location": (meta or {}).get("bucket_location") or bucket_location(target),
-            "dataset": {"files": len(chosen), "total_bytes": total,
-                        "over_ram": total / runtime.ram_bytes if runtime.ram_bytes else None}, **(meta or {})}
-    results = Results(out, meta)
-    say(f"comparing {', '.join(methods)} over {len(chosen)} files of {uri} ({sum(sizes.values()) / 1e6:.1f} MB), "
-        f"region {where}, runtime {runtime.kind}; rows go to {results.csv_path}")
-    try:
+    with tempfile.TemporaryDirectory(prefix="dataferry-bench-") as tmp:
+        work = Path(tmp)
+        target = source_target(uri, max_files=max_files, seed=seed, work=work, client=client, suffix=suffix)
+        source, chosen, sizes = target.source, target.names, target.sizes
+        default = (["folder", "dataferry"] if target.bucket is None else
+                   ["api-serial", "api-parallel", "dataferry"] + (["gcsfuse", "gcsfuse-cache"] if target.mount else []))
+        methods = list(methods or default)
+        where = region if isinstance(region, Region) else detect_region(region)
+        runtime = capture(str(work), region=where)
+        total = sum(sizes.values())
+        meta = {"experiment": "methods", "where": uri, "runtime": runtime.to_dict(), "seed": seed, "passes": passes,
+                "repeats": repeats, "methods": methods,
+                "bucket_location": (meta or {}).get("bucket_location") or bucket_location(target),
+                "dataset": {"files": len(chosen), "total_bytes": total,
+                            "over_ram": total / runtime.ram_bytes if runtime.ram_bytes else None}, **(meta or {})}
+        results = Results(out, meta)
+        say(f"comparing {', '.join(methods)} over {len(chosen)} files of {uri} ({sum(sizes.values()) / 1e6:.1f} MB), "
+            f"region {where}, runtime {runtime.kind}; rows go to {results.csv_path}")
         with progress_bar(total=repeats * len(methods) * passes, desc="bench", unit="pass") as bar:
             compare_methods(target, results, methods, region=where, runtime_kind=runtime.kind, passes=passes,
                             repeats=repeats, seed=seed, work=work, progress=bar)
@@ -91,8 +91,6 @@ def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
         gpu = gpu_rows(results, batch, {"runtime": runtime.kind, "region": where.region,
                                          "region_source": where.source}, say)
         return write_summary(results, out, Path(json_path or out / "methods.json"), say, {"gpu": gpu})
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def measure(target: Target, methods: Sequence[str], out: str | os.PathLike[str], *, region: Any = None,

@@ -103,19 +103,15 @@ def bench_cache(out: str | os.PathLike[str] = "build/bench/cache.json", repeats:
                 peer_profiles: Sequence[str] = ("same-continent", "cross-continent"),
                 say: Callable[[str], None] = print) -> dict:
     """Run the cache benchmark in a lab of its own; print a table and write JSON to ``out``."""
-    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-bench-state-")).up()
-    work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
     results: dict[str, Any] = {"experiment": "cache", "where": f"lab on {platform.node()}", "repeats": repeats,
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    try:
-        with _lab_environment(lab.env()):
-            results.update(_warm_and_hits(lab, work, repeats, say))
-            results.update(_cold_small(lab, work, say))
-            results.update(_cold_large(lab, work, large_bytes, say))
-            results.update(_against_peers(lab, work, peer_repeats, peer_profiles, say))
-    finally:
-        lab.down()
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+    with Lab.private() as lab, tempfile.TemporaryDirectory(prefix="dataferry-bench-") as tmp, \
+            _lab_environment(lab.env()):
+        work = Path(tmp)
+        results.update(_warm_and_hits(lab, work, repeats, say))
+        results.update(_cold_small(lab, work, say))
+        results.update(_cold_large(lab, work, large_bytes, say))
+        results.update(_against_peers(lab, work, peer_repeats, peer_profiles, say))
     results["goals"] = {"warm_vs_local": ">= 0.90", "cold_small_vs_serial": ">= 10",
                         "cold_large_vs_link": ">= 0.90", "cold_large_peak_rss_mib": "< 256", "hit_overhead": "<= 1.5",
                         "first_vs_best_peer_small": ">= 1.0", "first_vs_best_peer_large": ">= 1.0",

@@ -120,6 +120,18 @@ class Lab(LabBuckets):
 
     # -- up / down -----------------------------------------------------------------------------
 
+    @classmethod
+    @contextlib.contextmanager
+    def private(cls, profile: str | Profile = "unshaped", gcsfuse: bool = True) -> Iterator[Lab]:
+        """A lab of its own (never the course's running one) for a ``with`` block: started in a new state
+        folder, then stopped, and its run and state folders removed, however the block ends."""
+        with tempfile.TemporaryDirectory(prefix="dataferry-lab-state-") as state_dir:
+            lab = cls(state_dir=state_dir).up(profile=profile, gcsfuse=gcsfuse)
+            try:
+                yield lab
+            finally:
+                lab.down()
+
     def up(self, profile: str | Profile = "unshaped", port: int | None = None, gcsfuse: bool = True) -> Lab:
         """Start the lab (or reuse the one running here), cleaning up after a crashed one first.
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataferry.bench.methods import LAB_METHODS, Target, compare_methods
+from dataferry.bench.methods import LAB_METHODS, Target, compare_methods, scratch_folder
 from dataferry.bench.report import gpu_rows, write_summary
 from dataferry.feed import ComputeProfile
 from dataferry.lab.core import Lab
@@ -33,15 +33,15 @@ def lab_target(lab: Lab, bucket: str, n_files: int, file_bytes: int, *, seed: in
                work: str | os.PathLike[str] | None = None) -> Target:
     """Make a synthetic dataset in a lab bucket (and a plain local copy) and describe it as a
     :class:`~dataferry.bench.Target` for :func:`dataferry.bench.measure`, with gcsfuse mounts when the lab has
-    gcsfuse."""
-    work = Path(work or tempfile.mkdtemp(prefix="dataferry-target-"))
+    gcsfuse. Without ``work``, the local copy goes to a temp folder of the target's own (see :class:`Target`)."""
+    work, scratch = scratch_folder(work, "dataferry-target-")
     ds = lab.make_dataset(bucket, n_files, file_bytes, prefix="m", seed=seed, shard_bytes=None)
     ds.write_to(work / "local")
     client = lab.client()
     mount = (lambda file_cache: lab.mount(bucket, file_cache=file_cache)) if lab.status()["gcsfuse"]["available"] else None
     return Target(names=list(ds.sizes), sizes=dict(ds.sizes), bucket=client.bucket(bucket), prefix="m/files/",
                   local_copy=work / "local" / "m" / "files", source=GCSSource(bucket, "m/files/", client=client),
-                  mount=mount)
+                  mount=mount, scratch=scratch)
 
 
 def _lab_checks(result: dict[str, Any]) -> dict[str, Any]:
@@ -69,9 +69,8 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
     from dataferry.runtime import capture, detect_region
 
     out = Path(out)
-    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-bench-state-")).up()
-    work = Path(tempfile.mkdtemp(prefix="dataferry-bench-"))
-    try:
+    with Lab.private() as lab, tempfile.TemporaryDirectory(prefix="dataferry-bench-") as tmp:
+        work = Path(tmp)
         if not lab.status()["gcsfuse"]["available"]:
             say(f"gcsfuse unavailable ({lab.status()['gcsfuse']['why']}): its methods become error rows")
         target = lab_target(lab, "bench-methods", n_files, file_bytes, seed=seed, work=work)
@@ -106,9 +105,6 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
         Path(json_path).write_text(json.dumps(result, indent=1, default=str))
         say("\nlab checks: " + json.dumps(result["checks"], indent=1, default=str))
         return result
-    finally:
-        lab.down()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def bench_au_lab(compute: str | ComputeProfile | Sequence[str | ComputeProfile], *,
@@ -120,15 +116,11 @@ def bench_au_lab(compute: str | ComputeProfile | Sequence[str | ComputeProfile],
     ``file_bytes``, each method under each compute profile and each region ``profiles``."""
     from dataferry.runtime import detect_region
 
-    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-au-state-")).up()
-    work = Path(tempfile.mkdtemp(prefix="dataferry-au-"))
-    try:
+    with Lab.private() as lab, tempfile.TemporaryDirectory(prefix="dataferry-au-") as tmp:
+        work = Path(tmp)
         target = lab_target(lab, "bench-au", n_files, file_bytes, seed=seed, work=work)
         regions = [(lab.using_profile(p), detect_region(lab_profile=p)) for p in profiles]
         available = AU_METHODS if target.mount else [m for m in AU_METHODS if not m.startswith("gcsfuse")]
         return run_au(compute, target, regions, methods or available, where="offline lab (not cloud numbers)",
                       out=out, json_path=json_path, epochs=epochs, repeats=repeats, batch_size=batch_size,
                       workers=workers, seed=seed, work=work, say=say)
-    finally:
-        lab.down()
-        shutil.rmtree(work, ignore_errors=True)

@@ -246,10 +246,9 @@ def bench_shards(out: str | os.PathLike[str] = "build/bench/shards.json", *, sam
     from dataferry.shards import make_shards
     from dataferry.sources import GCSSource
 
-    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-bench-state-")).up(gcsfuse=False)
-    work = Path(tempfile.mkdtemp(prefix="dataferry-shardbench-"))
     bucket, prof = "bench-shards", PROFILES[profile]
-    try:
+    with Lab.private(gcsfuse=False) as lab, tempfile.TemporaryDirectory(prefix="dataferry-shardbench-") as tmp:
+        work = Path(tmp)
         ds = lab.make_dataset(bucket, samples, sample_bytes, prefix="d", seed=5, shard_bytes=None)
         made = make_shards(GCSSource(bucket, "d/files/", lab.client(direct=True)), f"gs://{bucket}/d/shards/",
                            shard_bytes=shard_bytes, client=lab.client(direct=True), progress=False)
@@ -261,9 +260,6 @@ def bench_shards(out: str | os.PathLike[str] = "build/bench/shards.json", *, sam
         with lab.using_profile(prof):
             runs = shard_epochs(lab, bucket, "d/files/", "d/shards/", work, budget=budget, epochs=epochs,
                                 workers=workers, batch=batch, shuffle=shuffle, say=say)
-    finally:
-        lab.down()
-        shutil.rmtree(work, ignore_errors=True)
     where = f"{prof.label} on {platform.node()}"
     results: dict[str, Any] = {"experiment": "shards", "where": where, "profile": {"name": prof.name, "rtt_ms": prof.rtt_ms,
                                                                    "bandwidth_MBps": prof.bandwidth_MBps},

@@ -91,8 +91,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
     widths = workers or tuple(sorted({1, cpus}))
     compute = EmulatedCompute(PROFILES[profile])
     rows: list[dict[str, Any]] = []
-    lab = Lab(state_dir=tempfile.mkdtemp(prefix="dataferry-bench-state-")).up(profile=region, gcsfuse=False)
-    try:
+    with Lab.private(profile=region, gcsfuse=False) as lab:
         with tempfile.TemporaryDirectory(prefix="dataferry-bench-train-") as tmp:
             work = Path(tmp)
             flowers = plan_flowers(images // 5, seed=23, prefix="flowers/")
@@ -150,8 +149,6 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 cold_rates.append(report.samples_per_s)
                 say(f"  plain read {plain_rates[-1]:6.0f} files/s, cache epoch 1 {cold_rates[-1]:6.0f} files/s "
                     f"({width} workers, {plain_files} files)")
-    finally:
-        lab.down()
 
     def median(reader: str, decoder: str, width: int) -> float:
         return statistics.median(r["samples_per_s"] for r in rows

@@ -125,6 +125,7 @@ def mount_gcsfuse(
     *,
     endpoint: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    file_cache: bool = False,
     cache_max_mb: int | None = None,
     anonymous: bool = False,
     gcsfuse: str = "gcsfuse",
@@ -140,7 +141,8 @@ def mount_gcsfuse(
     ``$STORAGE_EMULATOR_HOST`` when set (the variable google-cloud-storage honours), else Google. A
     custom endpoint turns off gcsfuse's hierarchical-namespace probe, which emulators do not serve.
     ``cache_dir`` turns on gcsfuse's file cache there: a file read once is re-read from local disk
-    until unmount. Its size is ``cache_max_mb``; None bounds it to the free space of that disk less
+    until unmount. ``file_cache=True`` without ``cache_dir`` puts the cache in a temp folder of the
+    mount's own, removed at unmount (a file cache left behind holds a copy of everything read). Its size is ``cache_max_mb``; None bounds it to the free space of that disk less
     a reserve (a tenth of the disk, at most half the free space, at least 1 GiB: see
     :func:`file_cache_room_mb`), because gcsfuse's own "unlimited" (-1) can fill a Colab runtime's
     disk; -1 is still yours to ask for, with a warning. ``config`` is merged into the gcsfuse
@@ -181,7 +183,7 @@ def mount_gcsfuse(
         # gcsfuse first asks for the bucket's storage layout over gRPC, which emulators such as
         # fake-gcs-server do not serve: it retries until timeout unless hierarchical namespaces are off.
         settings["enable-hns"] = False
-    cache = Path(cache_dir).absolute() if cache_dir is not None else None
+    cache = Path(cache_dir).absolute() if cache_dir is not None else work / "file-cache" if file_cache else None
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
         try:
@@ -227,6 +229,11 @@ def mount_gcsfuse(
             if _MISSING_BUCKET.search(log.read_text(errors="replace")):
                 problem = f"gs://{bucket} does not exist{where} (gcsfuse mounted it as an empty folder)."
                 break
+            if mountpoint is not None and log_path and not (file_cache and cache_dir is None):
+                # gcsfuse has read its config: with the mount point and the log elsewhere, the work folder
+                # holds nothing more, and it goes now, for a mount that another process unmounts (the CLI's).
+                shutil.rmtree(work, ignore_errors=True)
+                owned.remove(work)
             return mount
         if time.monotonic() > deadline:
             problem = f"gcsfuse did not answer within {timeout:.0f} s while mounting gs://{bucket}{where}."

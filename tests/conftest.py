@@ -26,6 +26,9 @@ def system_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
     try:
         yield folder
+        # what module- and session-wide fixtures (the course run, the bench run, the lab) left behind
+        left = [n for n in os.listdir(folder) if not n.startswith(OTHERS_TEMP)]
+        assert not left, f"left in the system temp folder at the end of the session: {', '.join(sorted(left))}"
     finally:
         tempfile.tempdir = None
         if before is None:

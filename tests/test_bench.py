@@ -104,17 +104,18 @@ def test_bench_on_a_folder(tmp_path):
     assert "| europe-west4 | folder |" in stdout
 
 
-def test_a_target_made_without_a_work_folder_removes_its_own(lab):
-    """``lab_target`` with no ``work`` (as a lesson calls it) keeps its local copy in a temp folder of its
-    own, gone when the target is closed, as it is when garbage-collected or at the kernel's exit."""
+def test_a_target_made_without_a_work_folder_keeps_its_copy_in_the_labs_run_folder():
+    """``lab_target`` with no ``work`` (as a lesson calls it) puts its local copy in the lab's run folder,
+    so ``lab down`` removes it, even when the kernel that made it was killed."""
+    from dataferry.lab import Lab
     from dataferry.lab.methodsbench import lab_target
 
-    with lab_target(lab, "own-target", 3, 1000, seed=1) as target:
-        assert target.local_copy is not None and len(list(target.local_copy.iterdir())) == 3
-        scratch = Path(target.scratch.name)
-        assert target.local_copy.is_relative_to(scratch)
-    assert not scratch.exists()
-    lab.delete_bucket("own-target")
+    with Lab.private(gcsfuse=False) as lab:
+        target = lab_target(lab, "own-target", 3, 1000, seed=1)
+        run_dir = Path(lab.state["run_dir"])
+        assert target.local_copy is not None and target.local_copy.is_relative_to(run_dir)
+        assert sorted(p.stat().st_size for p in target.local_copy.rglob("*") if p.is_file()) == [1000] * 3
+    assert not run_dir.exists()
 
 
 def test_a_run_over_files_of_many_sizes_is_one_size_class(tmp_path):

@@ -159,3 +159,13 @@ def test_a_file_cache_of_the_mounts_own_is_used_and_goes_at_unmount(gcsfuse_lab,
         cached = [p for p in m.cache_dir.rglob("*") if p.is_file()]
         assert [p.stat().st_size for p in cached] == [300_000], "the read went through the file cache"
     assert not m.cache_dir.exists() and not m.log_path.exists(), "unmount removed the mount's own folder"
+
+
+def test_a_lab_mounts_file_cache_goes_at_unmount(gcsfuse_lab, lab_bucket):
+    """The lab keeps a mount's file cache in its run folder; unmount removes it (lesson 02 mounts 15 times)."""
+    lab_bucket.blob("c.bin").upload_from_string(b"c" * 200_000)
+    m = gcsfuse_lab.mount(lab_bucket.name, file_cache=True)
+    assert (m.mountpoint / "c.bin").read_bytes() == b"c" * 200_000
+    assert [p.stat().st_size for p in m.cache_dir.rglob("*") if p.is_file()] == [200_000]
+    m.unmount()
+    assert not m.cache_dir.exists()

@@ -179,7 +179,7 @@ def bench_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], sou
 
     work = Path(tempfile.mkdtemp(prefix="dataferry-au-"))
     try:
-        target = source_target(source, max_files=n_files, seed=seed, work=work)
+        target = source_target(source, max_files=n_files, seed=seed)
         available = (["folder", "stage", "cache"] if target.bucket is None else
                      ["api", "stage", "cache"] + (["gcsfuse", "gcsfuse-cache"] if target.mount else []))
         return run_au(compute, target, [(contextlib.nullcontext(), detect_region(region))], methods or available,

@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,7 @@ class Target:
     """What a comparison reads: a GCS prefix (bucket, prefix) or a folder, and which files.
 
     ``mount(file_cache)`` returns a context manager yielding a gcsfuse mount point of the bucket
-    (None: gcsfuse methods unavailable). ``local_copy`` is a plain local folder with the same files.
-    ``scratch`` is a temp folder the target made for itself (its local copy, gcsfuse caches): removed by
-    :meth:`close`, at the end of a ``with`` block, or when the target is garbage-collected or the process exits."""
+    (None: gcsfuse methods unavailable). ``local_copy`` is a plain local folder with the same files."""
 
     names: list[str]
     sizes: dict[str, int]
@@ -59,18 +57,6 @@ class Target:
     local_copy: Path | None = None
     mount: Callable[[bool], Any] | None = None
     source: Any = None           # the dataferry Source over the same files
-    scratch: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
-
-    def close(self) -> None:
-        """Remove the temp folder this target made for itself, if it made one."""
-        if self.scratch is not None:
-            self.scratch.cleanup()
-
-    def __enter__(self) -> Target:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def total_bytes(self) -> int:
@@ -80,14 +66,6 @@ class Target:
     def mean_file_bytes(self) -> int:
         """The size class of a whole pass's rows: real data sets mix sizes, so one file cannot stand for it."""
         return round(self.total_bytes / len(self.names))
-
-
-def scratch_folder(work: str | os.PathLike[str] | None, prefix: str) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
-    """``work`` when given (the caller's to remove), else a new temp folder and the object that removes it."""
-    if work:
-        return Path(work), None
-    scratch = tempfile.TemporaryDirectory(prefix=prefix)
-    return Path(scratch.name), scratch
 
 
 class _Pass:

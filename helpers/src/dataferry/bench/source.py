@@ -7,12 +7,11 @@ import os
 import random
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataferry.bench.methods import Target, compare_methods, scratch_folder
+from dataferry.bench.methods import Target, compare_methods
 from dataferry.bench.report import bucket_location, gpu_rows, write_summary
 from dataferry.cache import Cache
 from dataferry.progress import progress_bar
@@ -21,8 +20,7 @@ from dataferry.timing import Results
 __all__ = ["source_target", "bench_source", "measure"]
 
 
-def source_target(uri: str, max_files: int = 200, seed: int = 0,
-                  work: str | os.PathLike[str] | None = None, *, client: Any = None, suffix: str = "") -> Target:
+def source_target(uri: str, max_files: int = 200, seed: int = 0, *, client: Any = None, suffix: str = "") -> Target:
     """A :class:`Target` over your own data for :func:`measure`: a seeded sample of at most
     ``max_files`` files of ``gs://bucket/prefix`` (with gcsfuse mounts when gcsfuse is installed)
     or of a folder such as a Drive or gcsfuse mount. ``client`` reads the bucket (default: your
@@ -41,16 +39,14 @@ def source_target(uri: str, max_files: int = 200, seed: int = 0,
     sizes = {e.name: e.size for e in chosen}
     if isinstance(source, LocalSource):
         return Target(names=list(sizes), sizes=sizes, folder=source.root, source=source)
-    work, scratch = scratch_folder(work, "dataferry-target-")
     gcs = source._client_here()
     anonymous = isinstance(getattr(gcs, "_credentials", None), AnonymousCredentials)
 
-    def mount(file_cache: bool) -> Any:
-        return mount_gcsfuse(source.bucket, anonymous=anonymous,
-                             cache_dir=work / f"gcsfuse-cache-{time.monotonic_ns()}" if file_cache else None)
+    def mount(file_cache: bool) -> Any:  # a file cache of the mount's own, empty at each mount, gone at unmount
+        return mount_gcsfuse(source.bucket, anonymous=anonymous, file_cache=file_cache)
 
     return Target(names=list(sizes), sizes=sizes, bucket=gcs.bucket(source.bucket), prefix=source.prefix,
-                  source=source, mount=mount if shutil.which("gcsfuse") else None, scratch=scratch)
+                  source=source, mount=mount if shutil.which("gcsfuse") else None)
 
 
 def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
@@ -68,7 +64,7 @@ def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
     out = Path(out)
     with tempfile.TemporaryDirectory(prefix="dataferry-bench-") as tmp:
         work = Path(tmp)
-        target = source_target(uri, max_files=max_files, seed=seed, work=work, client=client, suffix=suffix)
+        target = source_target(uri, max_files=max_files, seed=seed, client=client, suffix=suffix)
         source, chosen, sizes = target.source, target.names, target.sizes
         default = (["folder", "dataferry"] if target.bucket is None else
                    ["api-serial", "api-parallel", "dataferry"] + (["gcsfuse", "gcsfuse-cache"] if target.mount else []))

@@ -125,12 +125,12 @@ class Lab(LabBuckets):
     def private(cls, profile: str | Profile = "unshaped", gcsfuse: bool = True) -> Iterator[Lab]:
         """A lab of its own (never the course's running one) for a ``with`` block: started in a new state
         folder, then stopped, and its run and state folders removed, however the block ends."""
-        with tempfile.TemporaryDirectory(prefix="dataferry-lab-state-") as state_dir:
-            lab = cls(state_dir=state_dir).up(profile=profile, gcsfuse=gcsfuse)
-            try:
-                yield lab
-            finally:
-                lab.down()
+        lab = cls(state_dir=tempfile.mkdtemp(prefix="dataferry-lab-state-"))
+        try:
+            yield lab.up(profile=profile, gcsfuse=gcsfuse)
+        finally:
+            lab.down()  # raises, keeping the state folder for `dataferry lab down`, if a mount will not go
+            shutil.rmtree(lab.state_dir, ignore_errors=True)
 
     def up(self, profile: str | Profile = "unshaped", port: int | None = None, gcsfuse: bool = True) -> Lab:
         """Start the lab (or reuse the one running here), cleaning up after a crashed one first.
@@ -321,10 +321,11 @@ class Lab(LabBuckets):
         """Environment for programs that should talk to the lab (google-cloud-storage honours it)."""
         return {"STORAGE_EMULATOR_HOST": self.endpoint}
 
-    def gcloud_env(self, config_dir: str | os.PathLike[str]) -> dict[str, str]:
+    def gcloud_env(self) -> dict[str, str]:
         """Environment for the Google Cloud CLI (``gcloud storage cp``) to read the lab through its shaped
-        endpoint, without credentials, keeping its settings in ``config_dir`` (never the user's own)."""
-        return {"CLOUDSDK_CONFIG": str(config_dir), "CLOUDSDK_CORE_PROJECT": "dataferry-lab",
+        endpoint, without credentials, keeping its settings in the lab's run folder (never the user's own;
+        removed by :meth:`down`)."""
+        return {"CLOUDSDK_CONFIG": str(Path(self._require()["run_dir"]) / "gcloud"), "CLOUDSDK_CORE_PROJECT": "dataferry-lab",
                 "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": self.endpoint.rstrip("/") + "/storage/v1/",
                 "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true", "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
 
@@ -362,7 +363,10 @@ class Lab(LabBuckets):
         return m
 
     def _forget(self, m: mounts.GcsfuseMount) -> None:
+        """After an unmount: the mount leaves the state, and its file cache (a copy of all it read) goes."""
         self._mounts.pop(str(m.mountpoint), None)
+        if m.cache_dir is not None:
+            shutil.rmtree(m.cache_dir, ignore_errors=True)
         with self._locked():
             state = self.state
             if state and state["mounts"].pop(str(m.mountpoint), None):
@@ -383,6 +387,8 @@ class Lab(LabBuckets):
             entry = state.get("mounts", {}).pop(point, None) if state else None
             if entry:
                 stop(entry["pid"], state["gcsfuse"].get("path"))
+                if entry.get("cache_dir"):
+                    shutil.rmtree(entry["cache_dir"], ignore_errors=True)
                 self._write_state(state)
 
     # -- reporting -----------------------------------------------------------------------------

@@ -10,11 +10,12 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataferry.bench.methods import LAB_METHODS, Target, compare_methods, scratch_folder
+from dataferry.bench.methods import LAB_METHODS, Target, compare_methods
 from dataferry.bench.report import gpu_rows, write_summary
 from dataferry.feed import ComputeProfile
 from dataferry.lab.core import Lab
@@ -33,15 +34,15 @@ def lab_target(lab: Lab, bucket: str, n_files: int, file_bytes: int, *, seed: in
                work: str | os.PathLike[str] | None = None) -> Target:
     """Make a synthetic dataset in a lab bucket (and a plain local copy) and describe it as a
     :class:`~dataferry.bench.Target` for :func:`dataferry.bench.measure`, with gcsfuse mounts when the lab has
-    gcsfuse. Without ``work``, the local copy goes to a temp folder of the target's own (see :class:`Target`)."""
-    work, scratch = scratch_folder(work, "dataferry-target-")
+    gcsfuse. Without ``work``, the local copy goes to the lab's run folder, which :meth:`Lab.down` removes."""
+    work = Path(work) if work else Path(lab.state["run_dir"]) / "targets" / f"{bucket}-{uuid.uuid4().hex[:8]}"
     ds = lab.make_dataset(bucket, n_files, file_bytes, prefix="m", seed=seed, shard_bytes=None)
     ds.write_to(work / "local")
     client = lab.client()
     mount = (lambda file_cache: lab.mount(bucket, file_cache=file_cache)) if lab.status()["gcsfuse"]["available"] else None
     return Target(names=list(ds.sizes), sizes=dict(ds.sizes), bucket=client.bucket(bucket), prefix="m/files/",
                   local_copy=work / "local" / "m" / "files", source=GCSSource(bucket, "m/files/", client=client),
-                  mount=mount, scratch=scratch)
+                  mount=mount)
 
 
 def _lab_checks(result: dict[str, Any]) -> dict[str, Any]:

@@ -114,6 +114,33 @@ def test_in_colab_results_go_to_a_writable_drive_else_to_content_with_a_download
     assert Course("02_gcsfuse").finish() is None and len(colab.downloads) == 1, "nothing to download from Drive"
 
 
+def test_in_colab_keep_on_drive_mounts_drive_writable_once_and_a_later_lesson_finds_the_results(colab, tmp_path):
+    """Each lesson's badge opens a runtime of its own: KEEP_ON_DRIVE puts the course folder on Drive, so the
+    analysis lesson, in another runtime, finds what the earlier ones measured. The default never touches Drive."""
+    assert Course("02_gcsfuse").home == tmp_path / "content" / "dataferry" and colab.mount_calls == []
+    drive = tmp_path / "content" / "drive" / "MyDrive"
+    first = Course("02_gcsfuse", keep_on_drive=True)
+    assert [(args, kw["readonly"]) for args, kw in colab.mount_calls] == [((str(drive.parent),), False)]
+    assert first.home == drive / "dataferry" and "outlives this runtime" in first.describe()
+    (first.results_dir / "02_gcsfuse").mkdir()
+    (first.results_dir / "02_gcsfuse" / "results.csv").write_text("run_id\nx\n")
+    later = Course("07_analysis", keep_on_drive=True)
+    assert len(colab.mount_calls) == 1, "a Drive already mounted writable is used as it is"
+    assert (later.results_dir / "02_gcsfuse" / "results.csv").read_text() == "run_id\nx\n"
+    assert later.finish() is None and colab.downloads == [], "nothing to download from Drive"
+
+
+def test_in_colab_keep_on_drive_refused_still_runs_the_lesson_on_the_runtimes_disk(colab, tmp_path):
+    def refuse(mountpoint, force_remount=False, timeout_ms=120000, readonly=False):
+        colab.mount_calls.append(((mountpoint,), {"readonly": readonly}))
+        raise ValueError("mount failed: access was not granted")  # what drive.mount raises when access is refused
+
+    colab.drive.mount = refuse
+    c = Course("02_gcsfuse", keep_on_drive=True)
+    assert len(colab.mount_calls) == 1 and c.home == tmp_path / "content" / "dataferry"
+    assert "Drive could not be mounted" in c.describe() and "access was not granted" in c.describe()
+
+
 def test_public_data_is_read_anonymously_through_the_emulator_variable(outside, lab_env, monkeypatch, tmp_path):
     flowers = PUBLIC_DATASETS["flowers"]
     bucket = lab_env.create_bucket(flowers.bucket)

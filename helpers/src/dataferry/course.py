@@ -8,11 +8,13 @@ A lesson runs in two places, and one parameter, the same in every lesson, decide
     WHERE = "mine"     # your own bucket (BUCKET, PREFIX), with your credentials
 
 Results go where they outlive the runtime when they can: ``$DATAFERRY_HOME`` if set; in Colab, the
-``dataferry`` folder of your mounted, writable Drive, else ``/content/dataferry`` (lost at
-disconnect: :meth:`Course.finish` zips it and offers the zip for download); elsewhere
+``dataferry`` folder of your mounted, writable Drive (``KEEP_ON_DRIVE = True`` in a lesson mounts it),
+else ``/content/dataferry`` (lost at disconnect: :meth:`Course.finish` zips it and offers the zip for
+download); elsewhere
 ``~/dataferry``. Paths never depend on the notebook's working directory.
 
-This module imports ``host`` and ``runtime`` only; the lab is the lessons' business.
+This module imports ``host`` and ``runtime`` (and ``mounts``, only to mount Drive for ``keep_on_drive``);
+the lab is the lessons' business.
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ POST_2020: dict[str, Any] = {
         "gcsfuse": "GCSFuse does not seem to aggressively exploit the read-only nature of ML workflows, meaning "
                    "that subsequent reads after the first are almost as slow as the first one",
         "upload": "it can take up to 6 hours to upload a <2 GB dataset to the Colab environment",
+        "proximity": "geographic proximity can give a 2x-10x boost to performance",
+        "eviction": "we did our best to ensure that file contents were not kept in memory between the first and "
+                    "second reads",
+        "gdrive_checks": "it might be possible that GDrive is performing some checks or contacting the remote server",
+        "zip_on_drive": "An efficient approach to uploading large datasets to Drive is to upload a zipped folder, and "
+                        "unzip it directly on the Drive",
+        "manual_best": "The GCS Manual approach offers the best performance",
     },
 }
 COLAB_CONTENT = Path("/content")
@@ -148,15 +157,31 @@ def resolve_where(where: str = "auto") -> str:
     return choice
 
 
-def course_home() -> tuple[Path, str]:
-    """Where the course writes, and why there (see the module's docstring)."""
+def course_home(keep_on_drive: bool = False) -> tuple[Path, str]:
+    """Where the course writes, and why there (see the module's docstring). ``keep_on_drive`` (Colab only)
+    first mounts Drive writable if it is not (Google asks once for access), so the folder outlives the runtime."""
     if os.environ.get(HOME_ENV):
         return Path(os.environ[HOME_ENV]).expanduser().absolute(), f"${HOME_ENV}"
     if in_colab():
-        if COLAB_DRIVE.is_dir() and os.access(COLAB_DRIVE, os.W_OK):
+        def writable() -> bool:
+            return COLAB_DRIVE.is_dir() and os.access(COLAB_DRIVE, os.W_OK)
+
+        why_not = ""
+        if keep_on_drive and not writable():
+            from dataferry.mounts import MountError, mount_drive
+
+            try:
+                mount_drive(str(COLAB_DRIVE.parent), readonly=False)
+            except MountError as e:  # access refused, or Drive did not answer: the lesson still runs
+                why_not = f" (Drive could not be mounted: {e})"
+            if not why_not and not writable():
+                why_not = (" (Drive is mounted read-only here: run drive.mount('/content/drive', force_remount=True)"
+                           " from google.colab, then this cell again)")
+        if writable():
             return COLAB_DRIVE / "dataferry", "your mounted Google Drive: it outlives this runtime"
-        return COLAB_CONTENT / "dataferry", ("this runtime's disk, deleted at disconnect: download the zip at "
-                                             "the end, or mount Drive writable first (drive.mount)")
+        return COLAB_CONTENT / "dataferry", (
+            "this runtime's disk, deleted at disconnect: download the zip at the end, or set KEEP_ON_DRIVE = True"
+            + why_not)
     return Path.home() / "dataferry", "your home folder"
 
 
@@ -204,13 +229,15 @@ class Course:
     """One lesson's run: where it reads, where its results and figures go, and how it ends.
 
     ``results_dir`` / ``figures_dir`` given (papermill, ``make course``) are used as they are;
-    empty ones follow :func:`course_home`."""
+    empty ones follow :func:`course_home`; ``keep_on_drive`` puts them on your Drive in Colab, where every
+    lesson (each in a runtime of its own) finds them."""
 
-    def __init__(self, lesson: str, where: str = "auto", results_dir: str = "", figures_dir: str = "") -> None:
+    def __init__(self, lesson: str, where: str = "auto", results_dir: str = "", figures_dir: str = "",
+                 keep_on_drive: bool = False) -> None:
         self.lesson = lesson
         self.where = resolve_where(where)
         self.colab = in_colab()
-        home, self.home_reason = course_home()
+        home, self.home_reason = course_home(keep_on_drive)
         self.home = home
         self._passed_in = [name for name, folder in (("RESULTS_DIR", results_dir), ("FIGURES_DIR", figures_dir)) if folder]
         self.results_dir = Path(results_dir).expanduser().absolute() if results_dir else home / "results"

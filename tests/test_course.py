@@ -57,7 +57,9 @@ def test_lesson_is_well_formed(path):
     assert re.search(r'^RESULTS_DIR = ""', params, re.M) and re.search(r'^FIGURES_DIR = ""', params, re.M), \
         "results and figures default to the course folder, never to a path relative to the notebook"
     assert "LAB = True" not in params and "../" not in params
-    assert f'Course("{path.stem}", WHERE, RESULTS_DIR, FIGURES_DIR)' in _source(code[2]), "the where cell follows"
+    assert re.search(r'^KEEP_ON_DRIVE = False ', params, re.M), "Drive is opt-in: the defaults need no sign-in"
+    assert f'Course("{path.stem}", WHERE, RESULTS_DIR, FIGURES_DIR, keep_on_drive=KEEP_ON_DRIVE)' in _source(code[2]), \
+        "the where cell follows"
     assert "course.finish()" in _source(code[-1]), "each lesson ends by keeping what it measured"
     for cell in code:
         assert not COLAB_IMPORT.search(_source(cell)), "google.colab is imported only inside the helpers"

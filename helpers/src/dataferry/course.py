@@ -159,7 +159,7 @@ def resolve_where(where: str = "auto") -> str:
 
 def course_home(keep_on_drive: bool = False) -> tuple[Path, str]:
     """Where the course writes, and why there (see the module's docstring). ``keep_on_drive`` (Colab only)
-    first mounts Drive writable if it is not (Google asks once for access), so the folder outlives the runtime."""
+    first mounts Drive writable if it is not (Google asks for access in each runtime), so the folder outlives it."""
     if os.environ.get(HOME_ENV):
         return Path(os.environ[HOME_ENV]).expanduser().absolute(), f"${HOME_ENV}"
     if in_colab():

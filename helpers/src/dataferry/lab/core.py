@@ -313,6 +313,11 @@ class Lab(LabBuckets):
         return self._require()["endpoint"]
 
     @property
+    def run_dir(self) -> Path:
+        """The running lab's folder (logs, mounts, file caches, local copies): :meth:`down` removes it."""
+        return Path(self._require()["run_dir"])
+
+    @property
     def direct_endpoint(self) -> str:
         """fake-gcs-server itself, unshaped: for setting up buckets quickly, not for measuring."""
         return f"http://{HOST}:{self._require()['gcs_port']}"
@@ -325,7 +330,7 @@ class Lab(LabBuckets):
         """Environment for the Google Cloud CLI (``gcloud storage cp``) to read the lab through its shaped
         endpoint, without credentials, keeping its settings in the lab's run folder (never the user's own;
         removed by :meth:`down`)."""
-        return {"CLOUDSDK_CONFIG": str(Path(self._require()["run_dir"]) / "gcloud"), "CLOUDSDK_CORE_PROJECT": "dataferry-lab",
+        return {"CLOUDSDK_CONFIG": str(self.run_dir / "gcloud"), "CLOUDSDK_CORE_PROJECT": "dataferry-lab",
                 "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": self.endpoint.rstrip("/") + "/storage/v1/",
                 "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true", "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
 

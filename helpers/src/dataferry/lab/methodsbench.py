@@ -34,7 +34,7 @@ def lab_target(lab: Lab, bucket: str, n_files: int, file_bytes: int, *, seed: in
     """Make a synthetic dataset in a lab bucket (and a plain local copy) and describe it as a
     :class:`~dataferry.bench.Target` for :func:`dataferry.bench.measure`, with gcsfuse mounts when the lab has
     gcsfuse. Without ``work``, the local copy goes to the lab's run folder, which :meth:`Lab.down` removes."""
-    work = Path(work) if work else Path(lab.state["run_dir"]) / "targets" / f"{bucket}-{uuid.uuid4().hex[:8]}"
+    work = Path(work) if work else lab.run_dir / "targets" / f"{bucket}-{uuid.uuid4().hex[:8]}"
     ds = lab.make_dataset(bucket, n_files, file_bytes, prefix="m", seed=seed, shard_bytes=None)
     ds.write_to(work / "local")
     client = lab.client()

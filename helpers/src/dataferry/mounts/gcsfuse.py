@@ -229,8 +229,8 @@ def mount_gcsfuse(
             if _MISSING_BUCKET.search(log.read_text(errors="replace")):
                 problem = f"gs://{bucket} does not exist{where} (gcsfuse mounted it as an empty folder)."
                 break
-            if mountpoint is not None and log_path and not (file_cache and cache_dir is None):
-                # gcsfuse has read its config: with the mount point and the log elsewhere, the work folder
+            if not any(p.is_relative_to(work) for p in (point, log, cache) if p is not None):
+                # gcsfuse has read its config: with the mount point, log and cache elsewhere, the work folder
                 # holds nothing more, and it goes now, for a mount that another process unmounts (the CLI's).
                 shutil.rmtree(work, ignore_errors=True)
                 owned.remove(work)

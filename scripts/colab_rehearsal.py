@@ -49,8 +49,6 @@ ROOTS = ["pip", "setuptools", "wheel", "google-cloud-storage", "google-api-core"
          "filelock", "tqdm", "torch", "torchvision", "numpy", "pandas", "matplotlib", "seaborn", "tabulate", "ipykernel", "ipython"]
 # Colab's CPU image has no CUDA libraries; PyPI's torch brings its own, so none is pinned from the snapshot.
 UNPINNED = re.compile(r"^(nvidia-|triton)")
-LANDSAT_BANDS = {**{f"B{i}": 62_000_000 for i in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11)}, "B8": 241_000_000,
-                 "BQA": 3_100_000}
 
 
 # -- the Colab-like environment ------------------------------------------------------------------
@@ -123,6 +121,7 @@ def serve_public_data(lab) -> dict[str, dict[str, int]]:
     real JPEGs of five learnable classes, Landsat bands of random bytes."""
     from dataferry.course import PUBLIC_DATASETS
     from dataferry.lab.datasets import sample_bytes
+    from dataferry.shipped import public_manifest
 
     flowers, landsat = PUBLIC_DATASETS["flowers"], PUBLIC_DATASETS["landsat-scene"]
     photos = flower_photos(flowers.prefix)
@@ -130,9 +129,8 @@ def serve_public_data(lab) -> dict[str, dict[str, int]]:
     labels = [f"gs://{flowers.bucket}/{name},{name[len(flowers.prefix):].split('/')[0]}\n" for name in photos]
     csv = "".join(labels).encode()
     scene = landsat.prefix.rstrip("/").rsplit("/", 1)[-1]
-    for band, size in LANDSAT_BANDS.items():
-        objects[landsat.bucket][f"{landsat.prefix}{scene}_{band}.TIF"] = size
-    objects[landsat.bucket][f"{landsat.prefix}{scene}_MTL.txt"] = 8_000
+    for key, size in public_manifest("landsat-scene")["object_bytes"].items():  # the sizes data/public/ records
+        objects[landsat.bucket][f"{landsat.prefix}{scene}_{key}" + ("" if "." in key else landsat.suffix)] = size
     client = lab.client(direct=True)
     for bucket in objects:
         lab.create_bucket(bucket)

@@ -82,7 +82,7 @@ def execute(out: Path, ci: bool, only: list[str] | None = None) -> list[Path]:
 
 
 def pooled_conclusion(executed: Path) -> str:
-    """What lesson 07's conclusion cell printed, as markdown: the Results page says it in words."""
+    """What lesson 11's conclusion cell printed, as markdown: the Results page says it in words."""
     if not executed.exists():
         return ""
     cells = json.loads(executed.read_text())["cells"]
@@ -94,17 +94,17 @@ def pooled_conclusion(executed: Path) -> str:
 def build_book(out: Path) -> Path:
     """Copy book/ and the executed lessons into one source folder and build it (warnings are errors).
 
-    The Results page gets lesson 07's computed conclusion, word for word, above the figures."""
+    The Results page gets lesson 11's computed conclusion, word for word, above the figures."""
     src = out / "book-src"
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(ROOT / "book", src)
     shutil.copytree(out / "notebooks", src / "notebooks")
-    said = pooled_conclusion(out / "notebooks" / "07_analysis.ipynb")
+    said = pooled_conclusion(out / "notebooks" / "11_analysis.ipynb")
     if said:
         results = src / "results.md"
         text = results.read_text()
         heading = "## First read vs repeated reads, by method"
-        results.write_text(text.replace(heading, "## What the pooled runs show\n\nLesson 07 computed this from the "
+        results.write_text(text.replace(heading, "## What the pooled runs show\n\nLesson 11 computed this from the "
                                         "pooled rows when the course was built; it is its output, word for word:\n\n"
                                         f"{said}\n\n{heading}", 1))
     figures = out / "ci-figures" if (out / "ci-figures").exists() else ROOT / "figures"

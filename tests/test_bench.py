@@ -217,3 +217,15 @@ def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(t
     assert set(got["goals"]) == {"decode_once_vs_jpeg_warm", "cold_epoch_vs_plain_read"}
     assert all(ms > 0 for ms in got["decode_ms_per_sample"].values())
     assert "| decode-once-warm |" in stdout and "lab:unshaped" in stdout and "decode_once_vs_jpeg_warm" in stdout
+
+
+def test_the_dataferry_method_imports_its_transport_before_the_clock(tmp_path):
+    """Every method's modules are imported before its timed span: dataferry's transport (aiohttp, ~90 ms to
+    import here) used to be imported inside its first pass, which made it the slowest first read of a small
+    run. A fresh interpreter, so that no earlier test has imported it."""
+    code = ("import sys; from pathlib import Path; from dataferry.bench.methods import Target, method_state\n"
+            "assert 'dataferry.gcs_media' not in sys.modules\n"
+            f"with method_state('dataferry', Target(names=['a'], sizes={{'a': 1}}), Path({str(tmp_path)!r})):\n"
+            "    assert 'dataferry.gcs_media' in sys.modules and 'aiohttp' in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -16,8 +16,8 @@ LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 REPO = tomllib.loads((ROOT / "helpers" / "pyproject.toml").read_text())["project"]["urls"]["Source"]
 OWNER_REPO = REPO.removeprefix("https://github.com/")
 EXPECTED = ["00_start_here", "01_google_drive", "02_gcsfuse", "03_gcs_client", "04_stage_to_local_disk",
-            "05_small_files_and_shards", "06_measure_by_region", "07_analysis", "08_will_my_gpu_starve",
-            "09_bigger_than_the_disk"]
+            "05_budget_and_verify", "06_small_files_and_shards", "07_measure_by_region", "08_will_my_gpu_starve",
+            "09_bigger_than_the_disk", "10_checkpoints", "11_analysis"]
 COLAB_IMPORT = re.compile(r"^\s*(from\s+google\.colab\b|import\s+google\.colab\b|from\s+google\s+import\s+colab\b)", re.M)
 
 
@@ -29,7 +29,7 @@ def _source(cell):
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
 
-def test_all_ten_lessons_exist():
+def test_all_twelve_lessons_exist_the_analysis_last():
     assert [p.stem for p in LESSONS] == EXPECTED
 
 
@@ -147,7 +147,7 @@ def test_make_course_prints_no_kernel_warning_and_says_the_folders_were_passed_i
 
 # A number in prose: digits not glued to a word ("CRC32C", "l04"), with an optional decimal part.
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]\w)")
-# Numbers that name something rather than state a result: "lesson 05", "epoch 1", "pass 2", "the 2020 post".
+# Numbers that name something rather than state a result: "lesson 06", "epoch 1", "pass 2", "the 2020 post".
 NAMING = re.compile(r"\b(?:lessons?|epochs?|pass(?:es)?|steps?|sections?|cells?|issues?)\s+\d+(?:\s*(?:-|and|to)\s*\d+)?"
                     r"|\b(?:19|20)\d\d\b(?=\s+(?:post|method|blog))", re.I)
 HEADING = re.compile(r"^#+\s+(.*)$", re.M)
@@ -157,7 +157,7 @@ def unbacked_conclusion_numbers(notebook: dict) -> list[str]:
     """Numbers that a markdown cell under a "Conclusion" heading states and no output of the run printed.
 
     A conclusion is the markdown from a heading that starts with "Conclusion" to the next heading; its
-    numbers must come from the run (an output's text), or be names (lesson 05, epoch 1, the 2020 post).
+    numbers must come from the run (an output's text), or be names (lesson 06, epoch 1, the 2020 post).
     """
     printed = " ".join(_output_text(o) for c in notebook["cells"] for o in c.get("outputs", []))
     printed_numbers = set(NUMBER.findall(printed))
@@ -206,7 +206,7 @@ def test_the_conclusion_check_flags_a_number_the_run_did_not_print():
                                           "epoch 2: 612 MB/s\n")) == []
     assert unbacked_conclusion_numbers(nb("## Conclusion\nLater epochs ran at 700 MB/s, 3.5x faster.",
                                           "epoch 2: 612 MB/s\n")) == ["700", "3.5"]
-    assert unbacked_conclusion_numbers(nb("## Conclusion\nSee lesson 05 and the 2020 post; CRC32C checks.",
+    assert unbacked_conclusion_numbers(nb("## Conclusion\nSee lesson 06 and the 2020 post; CRC32C checks.",
                                           "")) == []
     assert unbacked_conclusion_numbers(nb("## Next\nThe 96 files were 7 MB.", "")) == [], "only conclusions"
     assert conclusion_printout(nb("## Conclusion", "x")) == "", "the printout comes from cells under the heading"
@@ -226,7 +226,7 @@ def test_conclusions_are_printed_by_the_run_and_state_no_number_it_did_not_print
 
 def test_no_figure_of_the_course_pools_regions_file_sizes_or_lessons(course):
     """Every box of every figure the lessons drew through dataferry.plots holds one region, one file
-    size and (where the rows name it) one lesson; the standard figures of lessons 06 and 07 are among them."""
+    size and (where the rows name it) one lesson; the standard figures of lessons 07 and 11 are among them."""
     from dataferry.plots import box_provenance
 
     out, _ = course
@@ -238,17 +238,17 @@ def test_no_figure_of_the_course_pools_regions_file_sizes_or_lessons(course):
         checked[png.stem] = len(boxes)
         for box in boxes:
             assert len(box["regions"]) <= 1 and len(box["sizes"]) <= 1 and len(box["lessons"]) <= 1, (png.name, box)
-    assert {"06_by_region", "07_first_vs_repeat", "07_by_region", "07_per_epoch"} <= set(checked), checked
-    assert checked["07_first_vs_repeat"] > 0
+    assert {"07_by_region", "11_first_vs_repeat", "11_by_region", "11_per_epoch"} <= set(checked), checked
+    assert checked["11_first_vs_repeat"] > 0
 
 
-def test_the_results_page_says_what_lesson_07_concluded(course):
+def test_the_results_page_says_what_lesson_11_concluded(course):
     out, _ = course
-    executed = json.loads((out / "notebooks" / "07_analysis.ipynb").read_text())
+    executed = json.loads((out / "notebooks" / "11_analysis.ipynb").read_text())
     said = conclusion_printout(executed).splitlines()[0]
     page = (out / "book" / "_build" / "html" / "results.html").read_text()
     assert "What the pooled runs show" in page
-    assert said.split(":")[0] in re.sub(r"<[^>]+>", "", page), "the page quotes lesson 07's computed conclusion"
+    assert said.split(":")[0] in re.sub(r"<[^>]+>", "", page), "the page quotes lesson 11's computed conclusion"
 
 
 def test_book_pages_load_with_their_figures_in_chromium(course):

@@ -132,3 +132,12 @@ def test_au_of_a_real_model_does_not_count_a_slow_host_as_compute(monkeypatch):
     assert report.compute_s == pytest.approx(10 * step_s)
     assert report.au == pytest.approx(0.25, abs=0.1), report
     assert sum(bracketed) / report.wall_s > 0.9, "timing the steps counts the stall as compute"
+
+
+def test_an_epoch_of_one_step_names_no_bound_rather_than_compute():
+    """The steady state starts after the first step (whose wait starts the workers): an epoch of one step has
+    none, so it cannot say which side bounds it. It used to say "compute" at 2% AU."""
+    (report,) = feed(DataLoader(SlowSamples(4, 0.05), batch_size=4, num_workers=1),
+                     ComputeProfile("t", "none", "sleep", 4000, 4, "this test"))
+    assert report.steps == 1 and report.au < 0.1
+    assert report.bound_by == "unknown (one step)" and report.to_dict()["bound_by"] == "unknown (one step)"

@@ -40,14 +40,22 @@ def _pip_install(spec, target):
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), spec], check=True, timeout=600)
     return subprocess.run(
-        [sys.executable, "-c", "import dataferry, dataferry.lab, dataferry.cli; print(dataferry.__file__)"],
+        [sys.executable, "-c", "import dataferry, dataferry.course, dataferry.lab, dataferry.cli; print(dataferry.__file__)"],
         capture_output=True, text=True, env={"PYTHONPATH": str(target)}, check=True, timeout=60,
     ).stdout
+
+
+def _ships_the_course_data(target):
+    """The top-level data/ folder (linked into the package) is installed as plain files."""
+    for shipped in ("data/results/README.md", "data/public/flowers.json", "data/public/landsat-scene.json"):
+        path = target / "dataferry" / shipped
+        assert path.is_file() and not path.is_symlink(), f"{shipped}: the top-level data/ ships as plain files"
 
 
 def test_pip_install_from_folder(tmp_path):
     where = _pip_install(str(ROOT / "helpers"), tmp_path / "t")
     assert where.startswith(str(tmp_path / "t"))
+    _ships_the_course_data(tmp_path / "t")
     assert (tmp_path / "t" / "bin" / "dataferry").exists(), "the console script is installed"
 
 
@@ -56,6 +64,7 @@ def test_pip_install_from_git_subdirectory(tmp_path):
         pytest.skip("not a git checkout with commits")
     where = _pip_install(f"dataferry @ git+file://{ROOT}#subdirectory=helpers", tmp_path / "t")
     assert where.startswith(str(tmp_path / "t"))
+    _ships_the_course_data(tmp_path / "t")
 
 
 def test_builds_without_isolation_with_colabs_setuptools(tmp_path):
@@ -72,7 +81,7 @@ def test_builds_without_isolation_with_colabs_setuptools(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Warning" not in proc.stderr, proc.stderr[-2000:]
     assert (tmp_path / "t" / "dataferry" / "course.py").exists()
-    assert (tmp_path / "t" / "dataferry" / "results" / "README.md").exists(), "shipped runs are package data"
+    _ships_the_course_data(tmp_path / "t")
 
 
 def test_console_script_runs():
@@ -115,3 +124,19 @@ def test_what_a_user_extends_the_package_with_is_exported_at_the_top():
     for name, cls in {"Source": Source, "CacheFullWarning": CacheFullWarning, "ShardLoader": ShardLoader,
                       "DataferryError": DataferryError}.items():
         assert name in dataferry.__all__ and getattr(dataferry, name) is cls, name
+
+
+def test_the_public_data_sets_are_read_from_the_shipped_manifests():
+    """One place says what a public data set is: data/public/<name>.json, which the lessons' defaults, the
+    lab's flowers and the Colab rehearsal's stand-ins all read."""
+    from dataferry.course import PUBLIC_DATASETS
+    from dataferry.errors import BadArgument
+    from dataferry.lab.flowers import PUBLIC_COUNTS
+    from dataferry.shipped import DATA, public_manifest
+
+    assert DATA.resolve() == (ROOT / "data").resolve()
+    assert sum(PUBLIC_COUNTS.values()) == 3670 and set(PUBLIC_COUNTS) == {"daisy", "dandelion", "roses", "sunflowers", "tulips"}
+    assert PUBLIC_DATASETS["flowers"].uri == "gs://cloud-samples-data/ai-platform/flowers/"
+    assert PUBLIC_DATASETS["landsat-scene"].suffix == public_manifest("landsat-scene")["suffix"] == ".TIF"
+    with pytest.raises(BadArgument, match="known: flowers, landsat-scene"):
+        public_manifest("imagenet")

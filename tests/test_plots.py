@@ -166,12 +166,12 @@ def test_faceted_figures_and_per_epoch():
 @pytest.mark.parametrize("draw", [first_vs_repeat, by_region, by_runtime, per_epoch], ids=lambda d: d.__name__)
 def test_no_box_pools_two_regions_or_two_file_sizes_and_the_png_says_so(draw, tmp_path):
     rows = make_rows(runtimes=("local-cpu", "colab-gpu"), file_bytes=(256 * 1024, 2 * 1024 * 1024))
-    rows["lesson"] = "06_by_region"
+    rows["lesson"] = "07_by_region"
     _, png = save(draw(rows), tmp_path / draw.__name__)
     boxes = box_provenance(png)
     assert boxes, "every box is recorded in the PNG"
     for box in boxes:
-        assert len(box["regions"]) == 1 and len(box["sizes"]) == 1 and box["lessons"] == ["06_by_region"], box
+        assert len(box["regions"]) == 1 and len(box["sizes"]) == 1 and box["lessons"] == ["07_by_region"], box
     assert {box["sizes"][0] for box in boxes} == {"256 KiB files", "2 MiB files"}
     assert {box["regions"][0] for box in boxes} == set(REGIONS)
     ok = rows[(rows["phase"] == "epoch") & (rows["error"] == "")]

@@ -222,3 +222,35 @@ def test_three_digits_shows_three_significant_digits_without_exponents():
     assert [three_digits(v) for v in (0.01234, 0.5, 1.2345, 12.345, 123.45, 98765.4)] == [
         "0.0123", "0.500", "1.23", "12.3", "123", "98765"]
     assert three_digits(0) == "0.000" and three_digits(float("nan")) == "nan"
+
+
+def _epoch_rows(lesson: str | None, files: int, mbps: list[float], region: str = "lab:near") -> pd.DataFrame:
+    rows = pd.DataFrame({"phase": "epoch", "pass": [1] * len(mbps) + [2] * len(mbps), "error": "",
+                         "region": region, "method": "dataferry", "file_bytes": 262144.0,
+                         "file": f"({files} files)", "MBps": mbps + [m * 10 for m in mbps]})
+    return rows if lesson is None else rows.assign(lesson=lesson)
+
+
+def test_the_summary_never_pools_two_lessons_or_two_file_counts():
+    """Same region, method and file size: rows of two lessons, or of 5 files and of 12, are two settings, each
+    with its own median and its own line in the table."""
+    from dataferry.bench import summary, summary_table
+
+    rows = pd.concat([_epoch_rows("02_gcsfuse", 5, [1.0, 1.0, 1.0]), _epoch_rows("07_measure_by_region", 12, [9.0, 9.0, 9.0]),
+                      _epoch_rows("07_measure_by_region", 5, [4.0, 4.0, 4.0])], ignore_index=True)
+    result = summary(rows)
+    firsts = sorted((c["lesson"], c["files"], c["median"]) for c in result["cells"] if c["pass"] == 1)
+    assert firsts == [("02_gcsfuse", 5, 1.0), ("07_measure_by_region", 5, 4.0), ("07_measure_by_region", 12, 9.0)]
+    assert len(result["ratios"]) == 3
+    table = summary_table(result).splitlines()
+    assert table[0].startswith("| lesson | files | region |") and len(table) == 2 + 3, table
+    assert any("| 02_gcsfuse | 5 | lab:near | dataferry | 256 KiB | 1.0 (3) | 10.0 (3) |" in line for line in table), table
+
+
+def test_rows_of_one_run_without_a_lesson_are_summarised_by_file_count():
+    from dataferry.bench import summary, summary_table
+
+    rows = pd.concat([_epoch_rows(None, 5, [1.0, 1.0]), _epoch_rows(None, 12, [3.0, 3.0])], ignore_index=True)
+    result = summary(rows)
+    assert sorted((c["files"], c["median"]) for c in result["cells"] if c["pass"] == 1) == [(5, 1.0), (12, 3.0)]
+    assert summary_table(result).splitlines()[0].startswith("| files | region |")

@@ -124,7 +124,7 @@ def test_in_colab_keep_on_drive_mounts_drive_writable_once_and_a_later_lesson_fi
     assert first.home == drive / "dataferry" and "outlives this runtime" in first.describe()
     (first.results_dir / "02_gcsfuse").mkdir()
     (first.results_dir / "02_gcsfuse" / "results.csv").write_text("run_id\nx\n")
-    later = Course("07_analysis", keep_on_drive=True)
+    later = Course("11_analysis", keep_on_drive=True)
     assert len(colab.mount_calls) == 1, "a Drive already mounted writable is used as it is"
     assert (later.results_dir / "02_gcsfuse" / "results.csv").read_text() == "run_id\nx\n"
     assert later.finish() is None and colab.downloads == [], "nothing to download from Drive"
@@ -172,7 +172,7 @@ def test_public_data_sets_say_where_google_documents_them():
 def test_shipped_runs_are_package_data():
     folder = shipped_results()
     assert folder.is_dir() and (folder / "README.md").exists()
-    assert folder.parent == Path(course_mod.__file__).parent
+    assert folder.parent.parent == Path(course_mod.__file__).parent and folder.parent.name == "data"
 
 
 def test_show_table_leaves_missing_values_blank_and_formats_the_rest(capsys):

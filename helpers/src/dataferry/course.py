@@ -29,6 +29,7 @@ from typing import Any
 
 from dataferry.host import in_colab
 from dataferry.runtime import Region, detect_region
+from dataferry.shipped import public_manifest, shipped_results
 
 __all__ = ["WHERE_CHOICES", "INSTALL_ENV", "HOME_ENV", "IP_LOOKUP_URL", "PublicDataset", "PUBLIC_DATASETS",
            "CloudData", "repository", "install_requirement", "resolve_where", "course_home", "shipped_results",
@@ -93,21 +94,8 @@ class PublicDataset:
         return f"PublicDataset({self.name!r}, {self.uri!r})"
 
 
-PUBLIC_DATASETS = {
-    # "These input images are stored in a public Cloud Storage bucket": Vertex AI's AutoML image
-    # classification tutorial, page "Create an image classification dataset and import images".
-    "flowers": PublicDataset(
-        "flowers", "cloud-samples-data", "ai-platform/flowers/", ".jpg",
-        "TensorFlow's flower photos: about 3,670 JPEGs in five folders (daisy, dandelion, roses, "
-        "sunflowers, tulips), tens of KB each, with a flowers.csv of labels",
-        "https://cloud.google.com/vertex-ai/docs/tutorials/image-classification-automl/dataset"),
-    # "the Google public bucket gcp-public-data-landsat contains the Landsat public dataset", with
-    # this scene's band B3 as its example object: Cloud Storage docs, "Access public data".
-    "landsat-scene": PublicDataset(
-        "landsat-scene", "gcp-public-data-landsat", "LC08/01/001/003/LC08_L1GT_001003_20140812_20170420_01_T2/",
-        ".TIF", "one Landsat 8 scene: a dozen GeoTIFF bands of tens of MB each",
-        "https://cloud.google.com/storage/docs/access-public-data"),
-}
+PUBLIC_DATASETS = {name: PublicDataset(**{k: m[k] for k in ("name", "bucket", "prefix", "suffix", "about", "documented_at")})
+                   for name, m in ((n, public_manifest(n)) for n in ("flowers", "landsat-scene"))}
 
 
 def post_quote(key: str) -> str:
@@ -183,11 +171,6 @@ def course_home(keep_on_drive: bool = False) -> tuple[Path, str]:
             "this runtime's disk, deleted at disconnect: download the zip at the end, or set KEEP_ON_DRIVE = True"
             + why_not)
     return Path.home() / "dataferry", "your home folder"
-
-
-def shipped_results() -> Path:
-    """The runs from real clouds that ship inside the package (contributed through lesson 06)."""
-    return Path(__file__).with_name("results")
 
 
 def bucket_location(client: Any, bucket: str, documented: str | None = None) -> tuple[str, str]:

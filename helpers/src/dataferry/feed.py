@@ -118,7 +118,10 @@ class EpochReport:
     def bound_by(self) -> str:
         """``loader`` when, after the first step (whose wait starts the workers), the accelerator waited for
         data more than ``1 - PASS_AU`` of the time; else ``compute``. Time, not a count of steps: workers
-        that finish together make one long wait and several short ones."""
+        that finish together make one long wait and several short ones. An epoch of one step has no steady
+        state: ``unknown (one step)``."""
+        if self.steps < 2:
+            return "unknown (one step)"
         steady = self.wall_s - (self.waits_s[0] if self.waits_s else 0.0)
         return "loader" if sum(self.waits_s[1:]) > (1 - PASS_AU) * steady else "compute"
 

@@ -154,13 +154,17 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
 
 
 def au_table(rows: Any) -> str:
-    """A markdown table: median AU (min-max, n) per region x compute profile x method x epoch."""
+    """A markdown table: median AU (min-max, n) per setting x compute profile x method x epoch. A setting is a
+    lesson (when the rows name one), a sample count and a region: rows differing in any are never pooled."""
     ok = rows[(rows["phase"] == "train") & (rows["error"] == "")]
-    lines = ["| region | compute profile | method | epoch | AU median (min-max) | n | samples/s | bound by |",
-             "|---|---|---|---|---|---|---|---|"]
-    for (region, profile, method, epoch), g in ok.groupby(["region", "compute_profile", "method", "pass"]):
+    ok = ok.assign(n_samples=ok["samples"].fillna(0).astype(int))
+    keys = (["lesson"] if "lesson" in ok.columns else []) + ["n_samples", "region", "compute_profile", "method", "pass"]
+    names = {"n_samples": "samples", "compute_profile": "compute profile", "pass": "epoch"}
+    head = [names.get(k, k) for k in keys]
+    lines = ["| " + " | ".join(head) + " | AU median (min-max) | n | samples/s | bound by |", "|" + "---|" * (len(head) + 4)]
+    for key, g in ok.groupby(keys):
         sps = (g["samples"] / (g["ns"] / 1e9)).median()
-        lines.append(f"| {region} | {profile} | {method} | {epoch} | {g['au'].median():.0%} "
+        lines.append(f"| {' | '.join(map(str, key))} | {g['au'].median():.0%} "
                      f"({g['au'].min():.0%}-{g['au'].max():.0%}) | {len(g)} | {sps:.0f} | "
                      f"{g['bound_by'].mode().iloc[0]} |")
     return "\n".join(lines)

@@ -127,13 +127,15 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     return rows
 
 
-def decoder_gains(rows: Sequence[dict[str, Any]], baseline: str = "pil") -> dict[str, float]:
-    """Each decoder's samples/s after epoch 1 (median) over ``baseline``'s: what each fix buys."""
+def decoder_gains(rows: Sequence[dict[str, Any]], baseline: str = "pil") -> dict[str, tuple[float, float, float]]:
+    """Each decoder's samples/s after epoch 1 over ``baseline``'s, as (ratio of medians, 95% CI low, high):
+    what each fix buys, and whether the run can tell it from nothing (a CI that straddles 1 cannot)."""
+    from dataferry.stats import speedup
+
     later: dict[str, list[float]] = {}
     for r in rows:
         if r["epoch"] > 1:
             later.setdefault(r["decoder"], []).append(r["samples_per_s"])
     if baseline not in later:
         raise BadArgument(f"no epoch after the first of {baseline!r} in these rows: run epochs >= 2 with it")
-    base = statistics.median(later[baseline])
-    return {d: statistics.median(v) / base for d, v in later.items()}
+    return {d: speedup(v, later[baseline]) for d, v in later.items()}

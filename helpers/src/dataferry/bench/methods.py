@@ -129,6 +129,8 @@ def method_state(method: str, target: Target, work: Path) -> Iterator[dict[str, 
                 yield state
         else:
             if method == "dataferry":
+                import dataferry.gcs_media  # noqa: F401 - its transport's modules, before the clock, as every method's are
+
                 state["cache"] = Cache(state["dir"] / "cache")
             yield state
     finally:

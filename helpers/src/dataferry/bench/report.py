@@ -13,32 +13,52 @@ from dataferry.timing import Results, size_text
 __all__ = ["summary", "summary_table"]
 
 
+def _setting(epochs: Any) -> list[str]:
+    """The columns that make one setting: rows differing in any are never pooled. The lesson (when the rows
+    carry one, as pooled results do), the number of files an epoch read, the region and the file size."""
+    return (["lesson"] if "lesson" in epochs.columns else []) + ["files", "region"]
+
+
 def summary(rows: Any) -> dict[str, Any]:
-    """Median epoch MB/s per region x method x pass (with bootstrap CIs) and repeat/first ratios."""
+    """Median epoch MB/s per setting x method x pass (with bootstrap CIs) and repeat/first ratios.
+
+    A setting is a lesson (when the rows name one), a file count, a region and a file size: the median of
+    five files and of twelve, or of two lessons, would describe neither (MEASUREMENT.md rule 9)."""
+    import pandas as pd
+
     from dataferry.stats import speedup, summarize_frame
 
     epochs = rows[(rows["phase"] == "epoch") & (rows["pass"] >= 1)].copy()
     epochs["pass"] = epochs["pass"].astype(int)
+    counted = epochs["file"].astype(str).str.extract(r"\((\d+) files\)")[0]
+    epochs["files"] = pd.to_numeric(counted, errors="coerce").fillna(0).astype(int)
+    keys = [*_setting(epochs), "method", "file_bytes"]
     ok = epochs[epochs["error"] == ""]
-    # File size is an axis (MEASUREMENT.md rule 9): never pool different sizes into one cell.
-    cells = summarize_frame(epochs, ["region", "method", "file_bytes", "pass"]).to_dict("records")
+    cells = summarize_frame(epochs, [*keys, "pass"]).to_dict("records")
     ratios = []
-    for (region, method, size), g in ok.groupby(["region", "method", "file_bytes"]):
+    for key, g in ok.groupby(keys):
         first, repeat = g[g["pass"] == 1]["MBps"], g[g["pass"] >= 2]["MBps"]
         if len(first) and len(repeat):
             r, lo, hi = speedup(repeat.to_numpy(float), first.to_numpy(float))
-            ratios.append({"region": region, "method": method, "file_bytes": size, "repeat_over_first": r,
-                           "ci_low": lo, "ci_high": hi})
-    return {"cells": cells, "ratios": ratios}
+            ratios.append({**dict(zip(keys, key)), "repeat_over_first": r, "ci_low": lo, "ci_high": hi})
+    return {"keys": keys, "cells": cells, "ratios": ratios}
+
+
+def _order(key: tuple) -> tuple:
+    """Numbers by value, names alphabetically: 5 files before 12."""
+    return tuple((0, float(v), "") if isinstance(v, (int, float)) else (1, 0.0, str(v)) for v in key)
 
 
 def summary_table(result: dict[str, Any]) -> str:
-    """A markdown table: median MB/s of the first and repeated epochs, and their ratio, per region and method."""
-    med = {(c["region"], c["method"], c["file_bytes"], c["pass"]): c for c in result["cells"]}
-    ratio = {(r["region"], r["method"], r["file_bytes"]): r for r in result["ratios"]}
-    lines = ["| region | method | file size | first read MB/s (n) | repeat MB/s (n) | repeat / first [95% CI] |",
-             "|---|---|---|---|---|---|"]
-    for key in sorted({(c["region"], c["method"], c["file_bytes"]) for c in result["cells"]}):
+    """A markdown table: median MB/s of the first and repeated epochs, and their ratio, one line per setting
+    and method."""
+    keys = result.get("keys", ["region", "method", "file_bytes"])
+    med = {(*(c[k] for k in keys), c["pass"]): c for c in result["cells"]}
+    ratio = {tuple(r[k] for k in keys): r for r in result["ratios"]}
+    head = [k for k in keys if k != "file_bytes"]
+    lines = ["| " + " | ".join(head) + " | file size | first read MB/s (n) | repeat MB/s (n) | repeat / first [95% CI] |",
+             "|" + "---|" * (len(head) + 4)]
+    for key in sorted({tuple(c[k] for k in keys) for c in result["cells"]}, key=_order):
         first = med.get((*key, 1))
         repeats = [c for (*k, ps), c in med.items() if tuple(k) == key and ps >= 2]
         r = ratio.get(key)
@@ -47,9 +67,10 @@ def summary_table(result: dict[str, Any]) -> str:
             return f"{c['median']:.1f} ({c['n']})" if c and c["n"] else "-"
 
         rtxt = f"{r['repeat_over_first']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r else "-"
-        size = size_text(key[2]) if key[2] == key[2] else "-"
-        lines.append(f"| {key[0]} | {key[1]} | {size} | {cell(first)} | {cell(repeats[0] if repeats else None)} "
-                     f"| {rtxt} |")
+        size = key[-1]
+        shown = [str(v) for k, v in zip(keys, key) if k != "file_bytes"]
+        lines.append(f"| {' | '.join(shown)} | {size_text(size) if size == size else '-'} | {cell(first)} "
+                     f"| {cell(repeats[0] if repeats else None)} | {rtxt} |")
     return "\n".join(lines)
 
 

@@ -58,7 +58,7 @@ PROFILES: dict[str, Profile] = {
             "colocated", 2, 200,
             "Runtime and bucket in the same region (e.g. us-central1 VM, us-central1 bucket). Assumed, not "
             "measured: 2 ms added round trip, 200 MB/s per download stream. Measure your own round trip with "
-            "gcping (https://github.com/GoogleCloudPlatform/gcping) and your own streams with lesson 06.",
+            "gcping (https://github.com/GoogleCloudPlatform/gcping) and your own streams with lesson 07.",
         ),
         Profile(
             "same-continent", 30, 50,

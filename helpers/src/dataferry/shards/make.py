@@ -23,7 +23,7 @@ from dataferry.sources import Entry, NotFoundAtSource, Source, from_uri
 
 __all__ = ["SHARD_BYTES", "INDEX", "ShardInfo", "make_shards", "read_index"]
 
-SHARD_BYTES = 64 << 20  # lesson 05's rule: tens of MB per shard, so per-request latency stops mattering
+SHARD_BYTES = 64 << 20  # lesson 06's rule: tens of MB per shard, so per-request latency stops mattering
 INDEX = "index.json"
 
 

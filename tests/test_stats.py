@@ -254,3 +254,13 @@ def test_rows_of_one_run_without_a_lesson_are_summarised_by_file_count():
     result = summary(rows)
     assert sorted((c["files"], c["median"]) for c in result["cells"] if c["pass"] == 1) == [(5, 1.0), (12, 3.0)]
     assert summary_table(result).splitlines()[0].startswith("| files | region |")
+
+
+def test_rows_of_two_runtime_kinds_are_two_settings():
+    from dataferry.bench import summary, summary_table
+
+    rows = pd.concat([_epoch_rows(None, 5, [1.0, 1.0]).assign(runtime="colab-cpu"),
+                      _epoch_rows(None, 5, [3.0, 3.0]).assign(runtime="colab-gpu")], ignore_index=True)
+    result = summary(rows)
+    assert sorted((c["runtime"], c["median"]) for c in result["cells"] if c["pass"] == 1) == [("colab-cpu", 1.0), ("colab-gpu", 3.0)]
+    assert summary_table(result).splitlines()[0].startswith("| files | region | runtime |")

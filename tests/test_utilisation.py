@@ -43,10 +43,11 @@ def test_the_au_table_never_pools_two_lessons_or_two_sample_counts():
 
     def rows(lesson, samples, au):
         return pd.DataFrame({"phase": "train", "error": "", "region": "lab:near", "compute_profile": "p", "method": "cache",
-                             "pass": 1, "file": f"({samples} samples)", "samples": samples, "ns": 10**9, "au": au,
-                             "bound_by": "loader", "lesson": lesson}, index=range(3))
+                             "pass": 1, "file": f"({samples} samples)", "samples": samples, "bytes": samples * 65536,
+                             "ns": 10**9, "au": au, "bound_by": "loader", "lesson": lesson, "runtime": "cpu"},
+                            index=range(3))
 
     table = au_table(pd.concat([rows("08_will_my_gpu_starve", 128, 0.2), rows("08_will_my_gpu_starve", 16, 0.9),
                                 rows("bench", 128, 0.5)], ignore_index=True)).splitlines()
-    assert table[0].startswith("| lesson | samples | region |") and len(table) == 2 + 3, table
-    assert "| 08_will_my_gpu_starve | 16 | lab:near | p | cache | 1 | 90% (90%-90%) | 3 | 16 | loader |" in table, table
+    assert table[0].startswith("| lesson | samples | sample size | region | runtime |") and len(table) == 2 + 3, table
+    assert "| 08_will_my_gpu_starve | 16 | 64 KiB | lab:near | cpu | p | cache | 1 | 90% (90%-90%) | 3 | 16 | loader |" in table, table

@@ -36,7 +36,7 @@ from dataferry.feed import PROFILES, ComputeProfile, EmulatedCompute, EpochRepor
 from dataferry.sources import LocalSource
 from dataferry.progress import progress_bar
 from dataferry.stage import stage
-from dataferry.timing import Results, evict, load_results
+from dataferry.timing import Results, evict, load_results, size_text
 
 __all__ = ["AU_METHODS", "compare_au", "au_table", "bench_au", "run_au"]
 
@@ -155,11 +155,14 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
 
 def au_table(rows: Any) -> str:
     """A markdown table: median AU (min-max, n) per setting x compute profile x method x epoch. A setting is a
-    lesson (when the rows name one), a sample count and a region: rows differing in any are never pooled."""
+    lesson (when the rows name one), a sample count, a sample size, a region and a runtime kind: rows differing
+    in any are never pooled."""
     ok = rows[(rows["phase"] == "train") & (rows["error"] == "")]
-    ok = ok.assign(n_samples=ok["samples"].fillna(0).astype(int))
-    keys = (["lesson"] if "lesson" in ok.columns else []) + ["n_samples", "region", "compute_profile", "method", "pass"]
-    names = {"n_samples": "samples", "compute_profile": "compute profile", "pass": "epoch"}
+    ok = ok.assign(n_samples=ok["samples"].fillna(0).astype(int),
+                   size=[size_text(b / n) if n else "-" for b, n in zip(ok["bytes"].fillna(0), ok["samples"].fillna(0))])
+    keys = (["lesson"] if "lesson" in ok.columns else []) + ["n_samples", "size", "region", "runtime", "compute_profile",
+                                                             "method", "pass"]
+    names = {"n_samples": "samples", "size": "sample size", "compute_profile": "compute profile", "pass": "epoch"}
     head = [names.get(k, k) for k in keys]
     lines = ["| " + " | ".join(head) + " | AU median (min-max) | n | samples/s | bound by |", "|" + "---|" * (len(head) + 4)]
     for key, g in ok.groupby(keys):

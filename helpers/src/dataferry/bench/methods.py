@@ -21,6 +21,7 @@ from typing import Any
 
 from dataferry.cache import Cache
 from dataferry.errors import BadArgument
+from dataferry.folders import walk
 from dataferry.stage import stage, width_for
 from dataferry.timing import Results, evict, timed_read
 
@@ -106,16 +107,6 @@ class _Pass:
         return (warm_state or report.cache_state), how
 
 
-def _walk(folder: Path) -> list[str]:
-    """Every file under ``folder`` (os.scandir: one syscall per folder, no stat per file)."""
-    found, stack = [], [folder]
-    while stack:
-        with os.scandir(stack.pop()) as it:
-            for d in it:
-                (stack.append(Path(d.path)) if d.is_dir(follow_symlinks=False) else found.append(d.path))
-    return found
-
-
 @contextlib.contextmanager
 def method_state(method: str, target: Target, work: Path) -> Iterator[dict[str, Any]]:
     """Fresh state for one method's passes: a new mount, an empty cache or copy folder."""
@@ -166,7 +157,7 @@ def _folder_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], fi
     root = {"local": t.local_copy, "folder": t.folder}.get(base) or st["root"] / t.prefix
     paths = {n: root / n for n in order}
     if first:
-        _timed_list(p, lambda: _walk(root), common)
+        _timed_list(p, lambda: walk(root), common)
     state, how = p.evicted(paths.values(), "daemon_warm" if base == "gcsfuse-cache" and not first else None)
     t0 = time.perf_counter_ns()
     p.read_files(paths, state, how, width, **common)

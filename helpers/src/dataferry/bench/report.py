@@ -15,8 +15,10 @@ __all__ = ["summary", "summary_table"]
 
 def _setting(epochs: Any) -> list[str]:
     """The columns that make one setting: rows differing in any are never pooled. The lesson (when the rows
-    carry one, as pooled results do), the number of files an epoch read, the region and the file size."""
-    return (["lesson"] if "lesson" in epochs.columns else []) + ["files", "region"]
+    carry one, as pooled results do), the number of files an epoch read, the region, the runtime kind (when
+    the rows hold more than one) and the file size."""
+    runtimes = ["runtime"] if "runtime" in epochs.columns and epochs["runtime"].nunique() > 1 else []
+    return (["lesson"] if "lesson" in epochs.columns else []) + ["files", "region", *runtimes]
 
 
 def summary(rows: Any) -> dict[str, Any]:

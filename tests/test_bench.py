@@ -163,7 +163,7 @@ def test_bench_au_in_the_lab_prints_and_writes_utilisation_per_profile_method_an
                   "--repeats", "1", "--passes", "2", "--profiles", "colocated", "--methods", "local,cache",
                   "--out", str(tmp_path / "au"))
     for compute in ("resnet50-v100-fp32", "smallcnn-h100-amp"):
-        assert f"| lab:colocated | {compute} | cache | 2 |" in stdout
+        assert re.search(rf"\| 8 \| 64 KiB \| lab:colocated \| [\w-]+ \| {compute} \| cache \| 2 \|", stdout), stdout
         assert re.search(rf"<ComputeProfile {compute}: .*> needs [0-9.]+ MB/s", stdout)
     result = json.loads((tmp_path / "au" / "au.json").read_text())
     assert not result["errors"]
@@ -229,3 +229,24 @@ def test_the_dataferry_method_imports_its_transport_before_the_clock(tmp_path):
             "    assert 'dataferry.gcs_media' in sys.modules and 'aiohttp' in sys.modules\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_shard_comparison_summarises_every_repeat_not_the_last():
+    """Lesson 09 runs the side-by-side comparison REPEATS times: epoch 1's rate is the median over the repeats,
+    later epochs' over every later epoch of every repeat, and the figure draws each repeat."""
+    pytest.importorskip("matplotlib")
+    from dataferry.lab.shardbench import plot_shard_epochs, summarize
+
+    def epoch(repeat, n, seconds, served=100):
+        return {"repeat": repeat, "epoch": n, "samples": 100, "seconds": seconds, "bytes": 1000, "served_bytes": served,
+                "requests": 1, "peak_disk_bytes": 50 * repeat, "cache_state": "x"}
+
+    runs = {"dataferry-shards": [epoch(r, e, s) for r, times in ((1, (1.0, 0.5)), (2, (2.0, 0.25)), (3, (4.0, 0.2)))
+                                 for e, s in zip((1, 2), times)]}
+    row = summarize(runs, budget=100)["dataferry-shards"]
+    assert row["repeats"] == 3
+    assert row["first_samples_per_s"] == 50.0, "median of 100, 50 and 25 samples/s"
+    assert row["later_samples_per_s"] == 400.0, "median of 200, 400 and 500 samples/s"
+    assert row["peak_disk_vs_budget"] == 1.5
+    fig = plot_shard_epochs(runs, 100, 1000, "lab:test")
+    assert sum(len(c.get_offsets()) for c in fig.axes[0].collections) == 6, "a dot for every epoch of every repeat"

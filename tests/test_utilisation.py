@@ -35,7 +35,7 @@ def test_every_method_feeds_epochs_and_only_the_local_ones_keep_a_far_accelerato
     assert state[("gcsfuse-cache", 2)] == "daemon_warm"
     assert {r for (m, _), r in zip(zip(rows["method"], rows["pass"]), rows["bound_by"]) if m == "api"} == {"loader"}
     table = au_table(rows)
-    assert "| lab:cross-continent | test-fast | api | 2 |" in table
+    assert "| 24 | 64 KiB | lab:cross-continent | cpu | test-fast | api | 2 |" in table, table
 
 
 def test_the_au_table_never_pools_two_lessons_or_two_sample_counts():

@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dataferry.cache.layout import Layout
+from dataferry.folders import sample_every
 from dataferry.lab.core import Lab
 from dataferry.lab.profiles import PROFILES
 
@@ -60,29 +60,6 @@ def _disk_bytes(folder: Path) -> int:
         except FileNotFoundError:  # evicted or renamed while we looked
             pass
     return total
-
-
-class _DiskWatch:
-    """The most bytes under ``folder`` while the block runs, sampled every ``every`` seconds."""
-
-    def __init__(self, folder: Path, every: float = 0.02) -> None:
-        self.folder, self.every, self.peak = folder, every, 0
-        self._stop = threading.Event()
-
-    def __enter__(self) -> _DiskWatch:
-        self.peak = _disk_bytes(self.folder)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.peak = max(self.peak, _disk_bytes(self.folder))
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _disk_bytes(self.folder))
 
 
 def _epochs_of(method: str, c: dict[str, Any]) -> Callable[[int], Iterable[tuple[int, int]]]:
@@ -146,7 +123,7 @@ def _child(c: dict[str, Any]) -> dict[str, Any]:
         state = evict(_data_files(work)).cache_state if epoch else "cold_empty"
         requests0, served0 = _served_bytes(lab, c["bucket"], c["sizes"])
         samples = read = 0
-        with _DiskWatch(work) as disk:
+        with sample_every(0.02, lambda: _disk_bytes(work)) as disk:
             t0 = time.perf_counter()
             for n, b in read_epoch(epoch):
                 samples, read = samples + n, read + b
@@ -154,15 +131,17 @@ def _child(c: dict[str, Any]) -> dict[str, Any]:
         requests1, served1 = _served_bytes(lab, c["bucket"], c["sizes"])
         out.append({"epoch": epoch + 1, "seconds": seconds, "samples": samples, "bytes": read,
                     "served_bytes": served1 - served0, "requests": requests1 - requests0,
-                    "peak_disk_bytes": disk.peak, "cache_state": state})
+                    "peak_disk_bytes": max(bytes_ for _, bytes_ in disk), "cache_state": state})
     return {"epochs": out}
 
 
 def shard_epochs(lab: Lab, bucket: str, files: str, shards: str, work: Path, *, budget: int, epochs: int = 3,
                  methods: Sequence[str] = METHODS, workers: int = 2, batch: int = 64, shuffle: int = 1000,
-                 seed: int = 0, say: Callable[[str], None] = print) -> dict[str, list[dict[str, Any]]]:
+                 seed: int = 0, repeats: int = 1,
+                 say: Callable[[str], None] = print) -> dict[str, list[dict[str, Any]]]:
     """``epochs`` epochs of each method, each in a fresh process with an empty cache of ``budget`` bytes,
-    methods in a shuffled order; the same samples as files under ``files`` and as shards under ``shards``."""
+    methods in a shuffled order, ``repeats`` times (repeat ``r`` shuffles with ``seed + r``); the same samples
+    as files under ``files`` and as shards under ``shards``. Every epoch's row names its ``repeat``."""
     from dataferry.sources import GCSSource
 
     client = lab.client(direct=True)
@@ -170,40 +149,54 @@ def shard_epochs(lab: Lab, bucket: str, files: str, shards: str, work: Path, *, 
     listed = {p: list(GCSSource(bucket, p, client).list()) for p in (files, shards)}
     sizes = {p + e.name: e.size for p, entries in listed.items() for e in entries}
     shard_names = sorted(e.name for e in listed[shards] if e.name.endswith(".tar"))
-    order = list(methods)
-    random.Random(seed).shuffle(order)
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for method in order:
-        where = work / method
-        shutil.rmtree(where, ignore_errors=True)
-        config = {"method": method, "bucket": bucket, "files": files, "shards": shards, "shard_names": shard_names,
-                  "sizes": sizes, "work": str(where), "budget": budget, "epochs": epochs, "workers": workers,
-                  "batch": batch, "shuffle": shuffle, "seed": seed, "endpoint": lab.endpoint,
-                  "lab_state": str(lab.state_dir)}
-        proc = subprocess.run([sys.executable, "-m", "dataferry.lab.shardbench"], input=json.dumps(config),
-                              env={**os.environ, **lab.env()}, capture_output=True, text=True, timeout=3600)
-        shutil.rmtree(where, ignore_errors=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{method} failed: {proc.stderr.strip()[-2000:]}")
-        runs[method] = json.loads(proc.stdout.strip().splitlines()[-1])["epochs"]
-        for e in runs[method]:
-            say(f"  {method:17s} epoch {e['epoch']}: {e['samples'] / e['seconds']:8.0f} samples/s, "
-                f"served {e['served_bytes'] / 1e6:7.1f} MB, disk peak {e['peak_disk_bytes'] / budget:4.2f}x budget "
-                f"({e['cache_state']})")
-    return {m: runs[m] for m in methods}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    for repeat in range(1, repeats + 1):
+        order = list(methods)
+        random.Random(seed + repeat - 1).shuffle(order)
+        for method in order:
+            runs[method] += [{"repeat": repeat, **e} for e in _one_run(lab, method, work, bucket, files, shards, sizes,
+                                                                        shard_names, budget, epochs, workers, batch,
+                                                                        shuffle, seed + repeat - 1, say)]
+    return runs
+
+
+def _one_run(lab: Lab, method: str, work: Path, bucket: str, files: str, shards: str, sizes: dict[str, int],
+             shard_names: list[str], budget: int, epochs: int, workers: int, batch: int, shuffle: int, seed: int,
+             say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every epoch of one method, in a fresh process with an empty cache."""
+    where = work / method
+    shutil.rmtree(where, ignore_errors=True)
+    config = {"method": method, "bucket": bucket, "files": files, "shards": shards, "shard_names": shard_names,
+              "sizes": sizes, "work": str(where), "budget": budget, "epochs": epochs, "workers": workers,
+              "batch": batch, "shuffle": shuffle, "seed": seed, "endpoint": lab.endpoint,
+              "lab_state": str(lab.state_dir)}
+    proc = subprocess.run([sys.executable, "-m", "dataferry.lab.shardbench"], input=json.dumps(config),
+                          env={**os.environ, **lab.env()}, capture_output=True, text=True, timeout=3600)
+    shutil.rmtree(where, ignore_errors=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{method} failed: {proc.stderr.strip()[-2000:]}")
+    done: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])["epochs"]
+    for e in done:
+        say(f"  {method:17s} epoch {e['epoch']}: {e['samples'] / e['seconds']:8.0f} samples/s, "
+            f"served {e['served_bytes'] / 1e6:7.1f} MB, disk peak {e['peak_disk_bytes'] / budget:4.2f}x budget "
+            f"({e['cache_state']})")
+    return done
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], budget: int) -> dict[str, Any]:
-    """Per method: first-epoch and later-epoch samples/s (median of the later ones), MB served, peak disk
-    over the budget; and each peer method's rate over dataferry-shards'."""
+    """Per method, over every repeat: epoch 1's samples/s and MB served (medians over the repeats), later
+    epochs' (medians over every later epoch of every repeat), peak disk over the budget (the most of any);
+    and each peer method's rate over dataferry-shards'."""
     table: dict[str, Any] = {}
     for method, epochs in runs.items():
-        rates = [e["samples"] / e["seconds"] for e in epochs]
-        table[method] = {"first_samples_per_s": rates[0],
-                         "later_samples_per_s": statistics.median(rates[1:]) if len(rates) > 1 else None,
-                         "first_served_MB": epochs[0]["served_bytes"] / 1e6,
-                         "later_served_MB": (statistics.median(e["served_bytes"] for e in epochs[1:]) / 1e6
-                                             if len(epochs) > 1 else None),
+        first = [e for e in epochs if e["epoch"] == 1]
+        later = [e for e in epochs if e["epoch"] > 1]
+        table[method] = {"repeats": len(first),
+                         "first_samples_per_s": statistics.median(e["samples"] / e["seconds"] for e in first),
+                         "later_samples_per_s": (statistics.median(e["samples"] / e["seconds"] for e in later)
+                                                 if later else None),
+                         "first_served_MB": statistics.median(e["served_bytes"] for e in first) / 1e6,
+                         "later_served_MB": statistics.median(e["served_bytes"] for e in later) / 1e6 if later else None,
                          "peak_disk_vs_budget": max(e["peak_disk_bytes"] for e in epochs) / budget}
     if "dataferry-shards" in table:
         ours = table["dataferry-shards"]
@@ -215,16 +208,22 @@ def summarize(runs: dict[str, list[dict[str, Any]]], budget: int) -> dict[str, A
 
 
 def plot_shard_epochs(runs: dict[str, list[dict[str, Any]]], budget: int, data_bytes: int, where: str) -> Any:
-    """Three panels: samples/s, MB served and the cache's peak disk per epoch and method."""
+    """Three panels: samples/s, MB served and the cache's peak disk per epoch and method (bars: the median
+    over the repeats; dots: each repeat)."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), layout="constrained")
     width = 0.8 / len(runs)
     for i, (method, epochs) in enumerate(runs.items()):
-        x = [e["epoch"] + (i - (len(runs) - 1) / 2) * width for e in epochs]
-        axes[0].bar(x, [e["samples"] / e["seconds"] for e in epochs], width, label=method)
-        axes[1].bar(x, [e["served_bytes"] / 1e6 for e in epochs], width, label=method)
-        axes[2].bar(x, [e["peak_disk_bytes"] / 1e6 for e in epochs], width, label=method)
+        offset = (i - (len(runs) - 1) / 2) * width
+        seen = sorted({e["epoch"] for e in epochs})
+        for ax, value in zip(axes, (lambda e: e["samples"] / e["seconds"], lambda e: e["served_bytes"] / 1e6,
+                                    lambda e: e["peak_disk_bytes"] / 1e6)):
+            per_epoch = [[value(e) for e in epochs if e["epoch"] == n] for n in seen]
+            ax.bar([n + offset for n in seen], [statistics.median(v) for v in per_epoch], width, label=method,
+                   color=f"C{i}", alpha=0.75)
+            ax.scatter([n + offset for n, v in zip(seen, per_epoch) for _ in v], [x for v in per_epoch for x in v],
+                       color="black", s=6, zorder=3)  # a dot per repeat: the bar is their median
     epochs_seen = sorted({e["epoch"] for es in runs.values() for e in es})
     whole = axes[1].axhline(data_bytes / 1e6, color="black", ls=":", lw=1, label="whole data set")
     limit = axes[2].axhline(budget / 1e6, color="red", ls="--", lw=1, label="budget")
@@ -240,7 +239,7 @@ def plot_shard_epochs(runs: dict[str, list[dict[str, Any]]], budget: int, data_b
 def bench_shards(out: str | os.PathLike[str] = "build/bench/shards.json", *, samples: int = 4096,
                  sample_bytes: int = 64 * KiB, shard_bytes: int = 4 * MiB, budget_share: float = 0.2, epochs: int = 3,
                  workers: int = 2, batch: int = 64, shuffle: int = 1000, profile: str = "same-continent",
-                 say: Callable[[str], None] = print) -> dict[str, Any]:
+                 repeats: int = 1, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run :func:`shard_epochs` in a lab of its own under ``profile``; print a table, write JSON to ``out``
     and the figure beside it."""
     from dataferry.shards import make_shards
@@ -259,13 +258,13 @@ def bench_shards(out: str | os.PathLike[str] = "build/bench/shards.json", *, sam
             f"batch {batch}, {workers} workers, under {prof.label}")
         with lab.using_profile(prof):
             runs = shard_epochs(lab, bucket, "d/files/", "d/shards/", work, budget=budget, epochs=epochs,
-                                workers=workers, batch=batch, shuffle=shuffle, say=say)
+                                workers=workers, batch=batch, shuffle=shuffle, repeats=repeats, say=say)
     where = f"{prof.label} on {platform.node()}"
     results: dict[str, Any] = {"experiment": "shards", "where": where, "profile": {"name": prof.name, "rtt_ms": prof.rtt_ms,
                                                                    "bandwidth_MBps": prof.bandwidth_MBps},
                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "samples": samples, "sample_bytes": sample_bytes,
                "files_bytes": ds.total_bytes, "shards": len(made), "shards_bytes": data_bytes, "budget_bytes": budget,
-               "epochs": epochs, "workers": workers, "batch": batch, "shuffle": shuffle, "runs": runs,
+               "epochs": epochs, "repeats": repeats, "workers": workers, "batch": batch, "shuffle": shuffle, "runs": runs,
                "summary": summarize(runs, budget)}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -183,7 +183,8 @@ def test_bench_shards_reads_every_sample_each_epoch_and_keeps_the_cache_under_it
     its first epoch fetches each shard once, its second fewer."""
     out = tmp_path / "shards.json"
     stdout = _cli("bench-shards", "--samples", "160", "--sample-kib", "16", "--shard-mb", "0.25", "--budget-share",
-                  "0.4", "--epochs", "2", "--workers", "1", "--batch", "16", "--profile", "unshaped", "--out", str(out))
+                  "0.4", "--epochs", "2", "--repeats", "1", "--workers", "1", "--batch", "16", "--profile", "unshaped",
+                  "--out", str(out))
     got = json.loads(out.read_text())
     assert set(got["runs"]) == {"dataferry-shards", "dataferry-files", "webdataset-cache"}
     for method, epochs in got["runs"].items():

@@ -63,10 +63,10 @@ def test_an_archive_copied_extracted_and_read_gives_back_every_file(folder, tmp_
     row = copy_extract_read(archive, work)
     got = {p.relative_to(work / "data"): p.read_bytes() for p in (work / "data").rglob("*.bin")}
     assert got == {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*.bin")}
-    assert row["seconds"] == pytest.approx(row["copy_s"] + row["extract_s"] + row["read_s"], rel=0.5)
+    assert min(row["copy_s"], row["extract_s"], row["read_s"]) > 0
     assert row["copy_bytes"] == archive.stat().st_size
     assert row["local_bytes"] == archive.stat().st_size + sum(len(b) for b in got.values())
-    assert row["read_cache_state"] in ("cold_verified", "cold_unverified")
+    assert row["read_cache_state"] == "cold_verified", "the read step reads the disk: extraction's pages were dropped"
 
 
 def test_an_archive_member_that_would_land_outside_the_folder_is_refused(tmp_path):
@@ -96,3 +96,22 @@ def test_a_value_is_sampled_while_the_block_runs_and_once_at_its_end():
     assert len(samples) >= 5 and times == sorted(times)
     assert samples[0][1] == 0 and samples[-1][1] == 5, "the first sample is at the start, the last at the end"
     assert {v for _, v in samples} >= {0, 5}
+
+
+def test_bad_input_to_the_archive_helpers_is_a_clear_error_that_writes_nothing(folder, tmp_path):
+    work = tmp_path / "work"
+    with pytest.raises(BadArgument, match="no such archive"):
+        copy_extract_read(tmp_path / "missing.zip", tmp_path)
+    (tmp_path / "data.7z").write_bytes(b"7z")
+    with pytest.raises(BadArgument, match="not a .zip or a tar"):
+        extract(tmp_path / "data.7z", work)
+    with zipfile.ZipFile(tmp_path / "data.zip", "w") as z:
+        z.writestr("a.bin", "a")
+    with pytest.raises(BadArgument, match="not a folder"):
+        copy_extract_read(tmp_path / "data.zip", work)
+    with pytest.raises(BadArgument, match="already in"):
+        copy_extract_read(tmp_path / "data.zip", tmp_path)
+    assert not work.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["data", "data.7z", "data.zip"]
+    with pytest.raises(BadArgument, match="positive interval"):
+        with sample_every(0, lambda: 1):
+            pass

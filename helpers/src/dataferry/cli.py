@@ -191,7 +191,7 @@ def cmd_bench_shards(args: argparse.Namespace) -> int:
 
     bench_shards(args.out, samples=args.samples, sample_bytes=args.sample_kib << 10, shard_bytes=int(args.shard_mb * 2**20),
                  budget_share=args.budget_share, epochs=args.epochs, workers=args.workers, batch=args.batch,
-                 profile=args.profile)
+                 profile=args.profile, repeats=args.repeats)
     return 0
 
 
@@ -372,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--shard-mb", type=float, default=4.0)
     bs.add_argument("--budget-share", type=float, default=0.2, help="cache budget over the data set's bytes")
     bs.add_argument("--epochs", type=int, default=3)
+    bs.add_argument("--repeats", type=int, default=5, help="runs of every method, each in a fresh process")
     bs.add_argument("--workers", type=int, default=2, help="DataLoader workers, every method alike")
     bs.add_argument("--batch", type=int, default=64)
     bs.add_argument("--profile", choices=list(PROFILES), default="same-continent", help="lab region profile")

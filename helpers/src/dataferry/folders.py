@@ -94,19 +94,33 @@ def read_files(paths: Iterable[str | os.PathLike[str]], width: int = 1) -> ReadP
 def extract(archive: str | os.PathLike[str], into: str | os.PathLike[str]) -> list[Path]:
     """Unpack a ``.zip`` or a tar into ``into``; return the files it held. A member that would land
     outside ``into`` (``../``, an absolute path, a link out) is refused, as tarfile's ``data`` filter does."""
-    into = Path(into)
-    if str(archive).endswith(".zip"):
+    into, name = Path(into), str(archive)
+    if not Path(archive).is_file():
+        raise BadArgument(f"{archive}: no such archive; give the path of a .zip or .tar file")
+
+    def inside(member: str) -> None:
+        if not (into / member).resolve().is_relative_to(into.resolve()):
+            raise BadArgument(f"{archive}: member {member!r} would land outside {into}; not extracted")
+
+    if name.endswith(".zip"):
         with zipfile.ZipFile(archive) as z:
-            for name in z.namelist():
-                if not (into / name).resolve().is_relative_to(into.resolve()):
-                    raise BadArgument(f"{archive}: member {name!r} would land outside {into}; not extracted")
+            for member in z.namelist():
+                inside(member)
             z.extractall(into)
-    else:
+    elif name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
         with tarfile.open(archive) as t:
-            try:
+            for m in t.getmembers():
+                inside(m.name)
+                if m.issym() or m.islnk():
+                    inside(os.path.join(os.path.dirname(m.name), m.linkname) if m.issym() else m.linkname)
+                if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+                    raise BadArgument(f"{archive}: member {m.name!r} is not a file or a folder; not extracted")
+            if hasattr(tarfile, "data_filter"):  # Python 3.10.12+, 3.11.4+, 3.12+: its checks too
                 t.extractall(into, filter="data")
-            except tarfile.FilterError as e:
-                raise BadArgument(f"{archive}: {e}; not extracted") from None
+            else:  # every member was checked above
+                t.extractall(into)
+    else:
+        raise BadArgument(f"{archive}: not a .zip or a tar archive (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)")
     return [Path(p) for p in walk(into)]
 
 
@@ -118,6 +132,12 @@ def copy_extract_read(archive: str | os.PathLike[str], work: str | os.PathLike[s
     three, less the eviction), ``local_bytes`` (archive and files, the peak disk use), ``copy_bytes`` and
     the read's ``read_cache_state``."""
     work = Path(work)
+    if not Path(archive).is_file():
+        raise BadArgument(f"{archive}: no such archive; give the path of a .zip or .tar file")
+    if not work.is_dir():
+        raise BadArgument(f"{work}: not a folder; copy_extract_read copies the archive into an existing folder")
+    if Path(archive).resolve().parent == work.resolve():
+        raise BadArgument(f"{archive} is already in {work}: give a work folder of its own")
     t0 = time.perf_counter()
     local = Path(shutil.copy(archive, work / Path(archive).name))
     t1 = time.perf_counter()
@@ -137,6 +157,8 @@ def copy_extract_read(archive: str | os.PathLike[str], work: str | os.PathLike[s
 def sample_every(seconds: float, measure: Callable[[], float]) -> Iterator[list[tuple[float, float]]]:
     """Call ``measure`` every ``seconds`` on a thread while the block runs: a list of (seconds since the
     start, value), filled as it goes and complete when the block ends (e.g. a cache's bytes on disk)."""
+    if not seconds > 0:
+        raise BadArgument(f"sample every {seconds!r} seconds? give a positive interval")
     samples: list[tuple[float, float]] = []
     stop, start = threading.Event(), time.perf_counter()
 

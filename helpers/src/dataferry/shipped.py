@@ -7,7 +7,6 @@ They live in the repository's top-level ``data/`` folder; ``dataferry/data`` lin
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,10 @@ __all__ = ["DATA", "public_manifest", "shipped_results"]
 DATA = Path(__file__).with_name("data")
 
 
-@functools.cache
 def public_manifest(name: str) -> dict[str, Any]:
     """What the course knows of a public data set (``flowers``, ``landsat-scene``): bucket, prefix, suffix,
-    where Google documents it, and the counts or sizes the lab's stand-in reproduces."""
+    where Google documents it, and the counts or sizes the lab's stand-in reproduces. A new dict each call,
+    so a caller that changes it changes no one else's."""
     path = DATA / "public" / f"{name}.json"
     if not path.is_file():
         known = sorted(p.stem for p in (DATA / "public").glob("*.json"))

@@ -18,7 +18,6 @@ import functools
 import gc
 import os
 import random
-import statistics
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path

@@ -142,8 +142,11 @@ def shard_epochs(lab: Lab, bucket: str, files: str, shards: str, work: Path, *, 
     """``epochs`` epochs of each method, each in a fresh process with an empty cache of ``budget`` bytes,
     methods in a shuffled order, ``repeats`` times (repeat ``r`` shuffles with ``seed + r``); the same samples
     as files under ``files`` and as shards under ``shards``. Every epoch's row names its ``repeat``."""
+    from dataferry.errors import BadArgument
     from dataferry.sources import GCSSource
 
+    if repeats < 1 or epochs < 1:
+        raise BadArgument(f"repeats and epochs must be at least 1, not {repeats} and {epochs}")
     client = lab.client(direct=True)
     files, shards = (GCSSource(bucket, p, client).prefix for p in (files, shards))  # "a/b" -> "a/b/"
     listed = {p: list(GCSSource(bucket, p, client).list()) for p in (files, shards)}

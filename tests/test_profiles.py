@@ -84,3 +84,11 @@ def test_profiles_are_documented_assumptions():
 def test_unknown_profile_lists_the_known_ones():
     with pytest.raises(LabError, match="unknown region profile 'mars'.*cross-continent"):
         get_profile("mars")
+
+
+def test_only_a_lab_region_has_a_known_distance():
+    from dataferry.lab.profiles import added_rtt_ms
+
+    assert added_rtt_ms("lab:colocated") < added_rtt_ms("lab:cross-continent")
+    assert added_rtt_ms("lab:cross-continent") == PROFILES["cross-continent"].rtt_ms
+    assert added_rtt_ms("us-central1") is None and added_rtt_ms("lab:no-such-profile") is None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dataferry.lab.errors import LabError
 
-__all__ = ["Profile", "PROFILES", "get_profile"]
+__all__ = ["Profile", "PROFILES", "added_rtt_ms", "get_profile"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +85,10 @@ def get_profile(profile: str | Profile) -> Profile:
         return PROFILES[profile]
     except KeyError:
         raise LabError(f"unknown region profile {profile!r}; choose one of: {', '.join(PROFILES)}") from None
+
+
+def added_rtt_ms(region: str) -> float | None:
+    """The round trip a lab profile adds, for a region labelled ``lab:<profile>``: how far the lab put the
+    bucket. None for a real region, whose distance the result rows do not say."""
+    name = region.removeprefix("lab:")
+    return PROFILES[name].rtt_ms if region.startswith("lab:") and name in PROFILES else None

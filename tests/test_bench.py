@@ -201,7 +201,8 @@ def test_bench_shards_reads_every_sample_each_epoch_and_keeps_the_cache_under_it
 
 def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(tmp_path):
     """`dataferry bench-train` on small data: every reader, decoder and worker count gives a whole epoch into
-    the emulated accelerator, and the JSON holds both ratios with their goals."""
+    the emulated accelerator, and the JSON holds both ratios with their goals, and epoch 1 from a gcsfuse
+    mount with the prefetching sampler and without."""
     out = tmp_path / "train.json"
     stdout = _cli("bench-train", "--images", "25", "--batch", "8", "--repeats", "1", "--plain-files", "200",
                   "--profile", "unshaped", "--out", str(out))
@@ -215,6 +216,9 @@ def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(t
     for r in got["rows"]:
         assert r["samples_per_s"] > 0 and 0 < r["au"] <= 1.05 and 0 <= r["wait_share"] <= 1, r
     assert got["decode_once_vs_jpeg_warm"] > 0 and got["cold_epoch_vs_plain_read"] > 0
+    mounted = got["mounted_files_per_s"]
+    assert len(mounted["prefetching"]) == len(mounted["without"]) == 1 and got["mounted_prefetch_gain"] > 0
+    assert "mounted_prefetch_gain" in stdout
     assert set(got["goals"]) == {"decode_once_vs_jpeg_warm", "cold_epoch_vs_plain_read"}
     assert all(ms > 0 for ms in got["decode_ms_per_sample"].values())
     assert "| decode-once-warm |" in stdout and "lab:unshaped" in stdout and "decode_once_vs_jpeg_warm" in stdout

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from torchvision import transforms as T  # noqa: E402
 
 from dataferry import Cache, CachedImageFolder, GCSSource, LocalSource  # noqa: E402
+from dataferry.errors import BadArgument  # noqa: E402
 from dataferry.feed import small_cnn  # noqa: E402
 from dataferry.lab.flowers import CLASSES, flower_jpeg, plan_flowers  # noqa: E402
 
@@ -189,6 +190,73 @@ def test_every_decoder_gives_the_same_picture_and_the_reduced_one_decodes_big_jp
     assert DECODERS["pil"](big.getvalue()).size == (1000, 900)
 
 
+def test_decode_on_device_gives_each_batch_the_pictures_and_targets_the_cpu_decoder_gives(tmp_path):
+    """Workers hand over JPEG bytes; DecodeOnDevice decodes each batch in one call and crops and resizes it in
+    one more (here on the CPU: the code a CUDA runtime runs with device='cuda', nvJPEG then). With the whole
+    image as the crop, every picture matches torchvision's CPU decode and antialiased resize to a few levels,
+    in the DataLoader's order, with its target, under fork and spawn; a flip mirrors it exactly."""
+    from torchvision.transforms import v2
+
+    from dataferry.decode import DECODERS, DecodeOnDevice, collate_encoded, encoded
+
+    TEST.write_to(tmp_path)
+    source, cache = LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0)
+    ds = CachedImageFolder(source, cache, loader=encoded)
+    whole = {"scale": (1.0, 1.0), "ratio": (0.1, 10.0)}  # no draw fits: the whole image
+    for context in ("fork", "spawn"):
+        batches = DecodeOnDevice(DataLoader(ds, batch_size=16, num_workers=2, collate_fn=collate_encoded,
+                                            multiprocessing_context=context), size=48, device="cpu", flip=False, **whole)
+        assert len(batches) == 7
+        seen = 0
+        for x, y in batches:
+            assert x.dtype == torch.uint8 and x.shape == (len(y), 3, 48, 48)
+            for j in range(len(y)):
+                name, target = ds.samples[seen + j]
+                assert y[j] == target
+                theirs = v2.functional.resize(DECODERS["torchvision"]((tmp_path / "test" / name).read_bytes()), [48, 48],
+                                              antialias=True)
+                assert (x[j].int() - theirs.int()).abs().float().mean() < 4, name
+            seen += len(y)
+        assert seen == 100
+    loader = DataLoader(ds, batch_size=16, collate_fn=collate_encoded)
+    data, lengths, targets = next(iter(loader))
+    assert data.dim() == 1 and lengths.tolist() == [ds.entry(i).size for i in range(16)] and len(data) == lengths.sum()
+    assert targets.tolist() == ds.targets[:16], "one tensor of bytes end to end: one piece of shared memory a batch"
+    plain = next(iter(DecodeOnDevice(loader, 48, "cpu", flip=False, **whole)))[0]
+    torch.manual_seed(0)
+    flipped = next(iter(DecodeOnDevice(loader, 48, "cpu", **whole)))[0]
+    mirrored = [torch.equal(f, p.flip(-1)) for f, p in zip(flipped, plain)]
+    assert all(m or torch.equal(f, p) for m, f, p in zip(mirrored, flipped, plain)) and 0 < sum(mirrored) < 16
+    augmented = next(iter(DecodeOnDevice(loader, 48, "cpu")))[0]
+    assert augmented.shape == (16, 3, 48, 48) and augmented.dtype == torch.uint8, "a random crop of 48 by default"
+    png = io.BytesIO()
+    Image.new("RGB", (60, 50)).save(png, "PNG")
+    with pytest.raises(BadArgument, match="not a JPEG.*DecodeOnDevice decodes JPEGs only"):
+        encoded(png.getvalue())
+    with pytest.raises(BadArgument, match="size=8"):
+        DecodeOnDevice([], size=8)
+
+
+def test_random_boxes_are_random_resized_crops_drawn_for_a_whole_batch():
+    """Inside the image, ``scale`` of its area, an aspect ratio within ``ratio``; the whole image (cut to the
+    nearest ratio allowed) when no draw fits; random places, not all the same."""
+    from dataferry.decode import random_boxes
+
+    torch.manual_seed(0)
+    sizes = torch.tensor([[500, 375], [240, 500], [320, 213], [1000, 90]] * 250)
+    boxes = random_boxes(sizes)
+    w, h = (boxes[:, 2] - boxes[:, 0]), (boxes[:, 3] - boxes[:, 1])
+    assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= sizes[:, 0]).all() and (boxes[:, 3] <= sizes[:, 1]).all()
+    share = w * h / (sizes[:, 0] * sizes[:, 1])
+    drawn = sizes[:, 0] != 1000
+    assert ((share[drawn] > 0.07) & (share[drawn] <= 1)).all() and share[drawn].std() > 0.1
+    assert ((w / h)[drawn] > 0.7).all() and ((w / h)[drawn] < 1.4).all()
+    assert len({tuple(b) for b in boxes[:4 * 50:4].tolist()}) > 40, "random places"
+    wide = boxes[~drawn & (share < 0.9)]  # 1000 x 90 fits a ratio of 4/3 only in a small box, or none
+    assert len(wide) > 0 and all((b[2] - b[0]) / (b[3] - b[1]) <= 4 / 3 + 0.02 for b in wide.tolist())
+    assert random_boxes(torch.tensor([[100, 50]]), (1.0, 1.0), (0.1, 10.0)).tolist() == [[0, 0, 100, 50]]
+
+
 def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_buys(tmp_path):
     """Every decoder and decode-once through real DataLoader workers into an emulated accelerator: one row
     per epoch with its cache state, decode-once's first epoch decoding into the cache; ``names`` restricts
@@ -219,3 +287,6 @@ def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_
     with pytest.raises(BadArgument, match="choose from pil"):
         compare_decoders(source, tmp_path / "w2", EmulatedCompute(PROFILES["resnet50-v100-amp"]), workers=0,
                          batch_size=10, decoders=["nvjpeg"])
+    with pytest.raises(BadArgument, match="'gpu' decodes on the GPU the model trains on"):
+        compare_decoders(source, tmp_path / "w2", EmulatedCompute(PROFILES["resnet50-v100-amp"]), workers=0,
+                         batch_size=10, decoders=["pil", "gpu"])

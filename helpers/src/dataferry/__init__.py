@@ -21,7 +21,7 @@ Stage first when the data fits on local disk and you want epoch 1 to run at full
 on first read when you want to start training at once, or the data only partly fits (the LRU
 budget keeps the most recently used part).
 
-Modules, lowest floor first: ``errors`` (the one error root, ``DataferryError``), ``host`` (is a process alive, is this Colab), ``progress`` (progress bars), ``aio`` (the
+Modules, lowest floor first: ``errors`` (the one error root, ``DataferryError``), ``host`` (is a process alive, is this Colab, what is mounted where), ``progress`` (progress bars), ``aio`` (the
 process's download loop), ``gcs_media`` (GCS media downloads over aiohttp), ``sources`` (where
 bytes live), ``mounts`` (gcsfuse, Drive and the Colab helpers), ``runtime`` (what we run on,
 which region), ``cache`` (the local cache: a package, ``Cache`` its face), ``stage`` (parallel
@@ -29,7 +29,7 @@ staging, prefetch), ``dataset`` (PyTorch), ``shards`` (tar shards streamed throu
 its budget, and making them), ``checkpoints`` (checkpoints that survive a disconnect), ``timing`` (cache-state control, timed reads, result
 files), ``stats`` (medians, bootstrap intervals), ``plots`` (the standard figures), ``bench``
 (ready-made experiments), ``course`` (the lessons' choices: which data, where results go, what
-the setup cell installs), ``lab`` (the offline cloud for tests and lessons), ``cli`` (the
+the setup cell installs), ``analysis`` (the analysis lesson's pooling and findings), ``lab`` (the offline cloud for tests and lessons), ``cli`` (the
 ``dataferry`` command).
 Names are imported lazily, so ``import dataferry`` needs neither torch nor a network.
 """

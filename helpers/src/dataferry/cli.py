@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--out", default="build/bench/train.json")
     bt.add_argument("--images", type=int, default=800, help="flower JPEGs (a fifth per class)")
     bt.add_argument("--batch", type=int, default=32)
-    bt.add_argument("--repeats", type=int, default=3, help="warm epochs per reader, and cold-epoch runs")
+    bt.add_argument("--repeats", type=int, default=5, help="warm epochs per reader, and cold-epoch runs")
     bt.add_argument("--plain-files", type=int, default=4000, help="files in the cold-epoch vs plain-read comparison")
     bt.add_argument("--compute", choices=list(COMPUTE_PROFILES), default="resnet50-h100-amp",
                     help="the emulated accelerator AU is measured against")

@@ -94,7 +94,10 @@ class CachedDataset(Dataset):
         ``ahead`` defaults to four times that (see :class:`~dataferry.Prefetcher`). Under a cache budget
         the fills ahead take at most half of it; keep the DataLoader's own read-ahead (``batch_size *
         num_workers * prefetch_factor`` samples) within the other half, or what was fetched for it is
-        evicted before it is read."""
+        evicted before it is read. A folder on local disk (not a Drive or gcsfuse mount: ``source.remote`` is
+        False) is not fetched ahead: reading it waits on no network, and the workers, each in its own
+        process, fill the cache from it faster than the main process's threads, which only race them
+        for the same files (epoch 1 at 0.58x plain reads with them, 0.92x without, 14 workers)."""
         return PrefetchingSampler(self, sampler, ahead)
 
     @property
@@ -208,7 +211,8 @@ class SourceDataset(Dataset):
 
 
 class PrefetchingSampler(Sampler[int]):
-    """Yields the wrapped sampler's indices while the ones up to ``ahead`` past the reader are fetched."""
+    """Yields the wrapped sampler's indices while the ones up to ``ahead`` past the reader are fetched
+    (from a bucket or a network mount; a folder on local disk is left to the workers)."""
 
     def __init__(self, dataset: CachedDataset, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> None:
         self.dataset, self.sampler, self.ahead = dataset, sampler, ahead
@@ -218,6 +222,9 @@ class PrefetchingSampler(Sampler[int]):
         return len(cast(Sized, self.sampler))
 
     def __iter__(self) -> Iterator[int]:
+        if not getattr(self.dataset.source, "remote", True):
+            yield from self.sampler  # local disk: the workers fill faster than one process's threads
+            return
         order = array("q", self.sampler)  # 8 bytes a sample, not a list of ints
         entries = _InOrder(self.dataset, order)
         with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead) as pf:

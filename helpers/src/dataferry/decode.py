@@ -10,6 +10,11 @@ uint8 pixels. Read through a :class:`~dataferry.Cache`, each is decoded on its f
 as an entry like any other: verified by CRC32C, under the budget, and keyed by the source object's
 version and the decoding's identity, so a changed image or another ``size`` is decoded afresh.
 Random crops and flips then run on the tensor (cheap), not on the JPEG.
+
+With a GPU, the decoding can leave the CPU altogether: workers hand over the JPEG's bytes
+(:func:`encoded`, batched by :func:`collate_encoded`) and :class:`DecodeOnDevice` decodes each batch in
+one call on the GPU (``torchvision.io.decode_jpeg``, nvJPEG) and crops, resizes and flips the whole batch
+there in one more.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from dataferry.cache import Cache
 from dataferry.errors import BadArgument
 from dataferry.sources import Entry, Source
 
-__all__ = ["DECODERS", "DecodedImages", "decode_image", "pil_loader", "pil_reduced", "pixels", "torchvision_decode"]
+__all__ = ["DECODERS", "DecodeOnDevice", "DecodedImages", "collate_encoded", "decode_image", "encoded", "pil_loader",
+           "pil_reduced", "pixels", "random_boxes", "torchvision_decode"]
 
 _VERSION = 1  # of the decoding below: a change to it must change every derived key
 
@@ -59,6 +65,112 @@ def torchvision_decode(data: bytes) -> Any:
 #: The ways a DataLoader worker can decode an image, by name (each a picklable module-level function).
 DECODERS: dict[str, Callable[[bytes], Any]] = {"pil": pil_loader, "pil-reduced": pil_reduced,
                                                "torchvision": torchvision_decode}
+
+
+def encoded(data: bytes) -> Any:
+    """A JPEG's bytes, undecoded, as a 1-D uint8 tensor: the ``loader`` for :class:`DecodeOnDevice`. Refuses
+    anything else (nvJPEG decodes JPEGs only) with :class:`~dataferry.BadArgument`."""
+    import torch
+
+    if data[:2] != b"\xff\xd8":
+        raise BadArgument(f"an image that is not a JPEG (it starts {data[:4]!r}): DecodeOnDevice decodes JPEGs only; "
+                          "use a CPU decoder from DECODERS for other formats")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def collate_encoded(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
+    """A DataLoader's ``collate_fn`` for :func:`encoded` images: ``(bytes, lengths, targets)``, the images'
+    bytes end to end in one uint8 tensor, so a batch crosses from a worker in one piece of shared memory
+    and is pinned in one allocation (a list of 256 tensors took 256 of each)."""
+    import torch
+
+    images, targets = zip(*batch)
+    return torch.cat(images), torch.tensor([len(i) for i in images]), torch.as_tensor(targets)
+
+
+def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), tries: int = 10) -> Any:
+    """``RandomResizedCrop``'s boxes for a whole batch at once: ``sizes`` is an ``N x 2`` tensor of (width,
+    height); returns ``N x 4`` (x0, y0, x1, y1) in pixels. Each image's box covers ``scale`` of its area
+    with an aspect ratio in ``ratio`` (log-uniform), the first of ``tries`` draws that fits, else the
+    largest centred box within ``ratio``: torchvision's rule, drawn for every image in one go."""
+    import math
+
+    import torch
+
+    w, h = sizes[:, :1].double(), sizes[:, 1:].double()
+    n = len(sizes)
+    area = w * h * torch.empty(n, tries, dtype=torch.float64).uniform_(*scale)
+    r = torch.exp(torch.empty(n, tries, dtype=torch.float64).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    cw, ch = torch.sqrt(area * r).round(), torch.sqrt(area / r).round()
+    fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
+    first = fits.double().argmax(1, keepdim=True)
+    found = fits.any(1, keepdim=True)
+    aspect = w / h  # no draw fitted: the whole image, cut to the nearest ratio allowed
+    fw = torch.where(aspect > ratio[1], (h * ratio[1]).round(), w)
+    fh = torch.where(aspect < ratio[0], (w / ratio[0]).round(), h)
+    cw = torch.where(found, cw.gather(1, first), fw)
+    ch = torch.where(found, ch.gather(1, first), fh)
+    x0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (w - cw + 1)).floor(), ((w - cw) / 2).round())
+    y0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (h - ch + 1)).floor(), ((h - ch) / 2).round())
+    return torch.cat([x0, y0, x0 + cw, y0 + ch], 1)
+
+
+class DecodeOnDevice:
+    """Batches of encoded JPEGs from ``loader`` (a DataLoader over a dataset whose ``loader`` is
+    :func:`encoded`, with ``collate_fn=collate_encoded``), decoded on ``device`` in one call per batch
+    (``torchvision.io.decode_jpeg``: nvJPEG on a CUDA device), then cropped and resized as
+    ``RandomResizedCrop(size, scale, ratio)`` does, every image of the batch in one call
+    (``torchvision.ops.roi_align``, averaging the pixels each output pixel covers), and flipped at random
+    (``flip``): ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only read
+    bytes. Iterate it once per epoch, as the DataLoader::
+
+        ds = CachedImageFolder(source, cache, loader=encoded)
+        batches = DecodeOnDevice(DataLoader(ds, batch_size=256, num_workers=2, collate_fn=collate_encoded))
+        for x, y in batches: ...
+    """
+
+    def __init__(self, loader: Any, size: int = 224, device: str = "cuda", *, scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True) -> None:
+        if type(size) is not int or not 16 <= size <= 4096:
+            raise BadArgument(f"size={size!r}: give the crop's side in pixels, 16 to 4096 (e.g. 224)")
+        if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1]):
+            raise BadArgument(f"scale={scale!r}, ratio={ratio!r}: give 0 < scale low <= high <= 1 and 0 < ratio low <= high")
+        import torch
+
+        self.loader, self.size, self.device = loader, size, torch.device(device)
+        self.scale, self.ratio, self.flip = scale, ratio, flip
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        for data, lengths, targets in self.loader:
+            decoded = decode_jpeg(list(data.split(lengths.tolist())), mode=ImageReadMode.RGB, device=self.device)
+            yield self.crop(decoded), targets.to(self.device, non_blocking=True)
+
+    def crop(self, images: list[Any]) -> Any:
+        """Decoded ``3 x H x W`` uint8 images (on the device) -> one ``N x 3 x size x size`` uint8 batch."""
+        import torch
+        from torchvision.ops import roi_align
+
+        sizes = torch.tensor([[img.shape[-1], img.shape[-2]] for img in images])
+        boxes = random_boxes(sizes, self.scale, self.ratio)
+        width, height = (int(v) for v in sizes.max(0).values)
+        canvas = torch.zeros(len(images), 3, height, width, dtype=torch.float32, device=self.device)
+        for i, img in enumerate(images):
+            canvas[i, :, : img.shape[-2], : img.shape[-1]] = img
+        rois = torch.cat([torch.arange(len(images), dtype=torch.float64)[:, None], boxes], 1)
+        out = roi_align(canvas, rois.to(self.device, torch.float32), self.size, sampling_ratio=-1, aligned=True)
+        if self.flip:
+            mirror = (torch.rand(len(images)) < 0.5).to(self.device)
+            out = torch.where(mirror[:, None, None, None], out.flip(-1), out)
+        return out.round_().clamp_(0, 255).to(torch.uint8)
+
+    def __repr__(self) -> str:
+        return f"<DecodeOnDevice {self.size}px on {self.device}>"
 
 
 def decode_image(data: bytes, size: int, draft: bool = True) -> bytes:

@@ -1,5 +1,6 @@
-"""What a process can learn about the host it runs on: whether another process is alive, and
-whether this is a Colab runtime. The floor below every other module: it imports none of them."""
+"""What a process can learn about the host it runs on: whether another process is alive, whether
+this is a Colab runtime, what is mounted where. The floor below every other module: it imports none
+of them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["pid_alive", "in_colab", "COLAB_ENV_VARS"]
+__all__ = ["pid_alive", "in_colab", "COLAB_ENV_VARS", "mount_table", "filesystem_of", "on_network_filesystem"]
 
 COLAB_ENV_VARS = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_BACKEND_VERSION")
 
@@ -39,3 +40,38 @@ def in_colab() -> bool:
         return importlib.util.find_spec("google.colab") is not None
     except (ImportError, ValueError):
         return False
+
+
+#: Filesystem types whose every read can wait on a network: FUSE (Drive, gcsfuse, sshfs) and network mounts.
+NETWORK_FILESYSTEMS = ("fuse", "nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "glusterfs", "lustre", "afs")
+
+
+def mount_table() -> list[tuple[str, str]]:
+    """(mount point, filesystem type) for every mount in this mount namespace, in /proc/self/mounts' order."""
+    rows = []
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3:
+                # /proc/mounts escapes spaces and a few other characters as octal.
+                rows.append((parts[1].encode().decode("unicode_escape"), parts[2]))
+    return rows
+
+
+def filesystem_of(path: str | os.PathLike[str]) -> str:
+    """The filesystem type ``path`` is on (``ext4``, ``overlay``, ``fuse``, ``fuse.gcsfuse`` ...): that of the
+    innermost mount holding it (the last mounted, when two share a mount point); ``""`` if none is known."""
+    target = os.path.realpath(path)
+    best, kind = -1, ""
+    for point, fstype in mount_table():
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:
+            best, kind = len(point), fstype
+    return kind
+
+
+def on_network_filesystem(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is on a FUSE or network mount (:data:`NETWORK_FILESYSTEMS`; a Drive or gcsfuse mount
+    in Colab), where a read can wait on the network; False on a local disk, tmpfs or overlay."""
+    kind = filesystem_of(path)
+    return kind.split(".")[0] in NETWORK_FILESYSTEMS

@@ -6,9 +6,11 @@ as ``ImageFolder`` reads) into one cache, then runs the same training loop once 
 :class:`~dataferry.CachedImageFolder` with that ``loader``, the usual augmentation (a random resized crop
 and a flip), a real ``DataLoader`` with ``workers`` processes, into ``compute`` (an emulated accelerator
 or a real model). Decode-once (:class:`~dataferry.decode.DecodedImages`) runs last: its first epoch
-decodes into the cache, later ones crop the decoded pixels. Each row is one epoch: samples/s, AU, the
-share of wall time the step waited for data, the cache state, and the decoder's milliseconds per image
-on one core (read from the page cache, decode, augment).
+decodes into the cache, later ones crop the decoded pixels. When ``compute`` trains on a CUDA GPU, a
+``gpu`` row runs too: the workers only read bytes and the GPU decodes each batch
+(:class:`~dataferry.decode.DecodeOnDevice`). Each row is one epoch: samples/s, AU, the share of wall time
+the step waited for data, the cache state, and the decoder's milliseconds per image on one core (read
+from the page cache, decode, augment; for ``gpu``, on the GPU in a batch).
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from dataferry.cache import Cache
-from dataferry.decode import DECODERS, DecodedImages, decode_image, pixels
+from dataferry.decode import DECODERS, DecodedImages, DecodeOnDevice, collate_encoded, decode_image, encoded, pixels
 from dataferry.errors import BadArgument
 from dataferry.sources import Source
 
-__all__ = ["augment", "compare_decoders", "decode_ms", "decoder_gains"]
+__all__ = ["GPU", "augment", "compare_decoders", "decode_ms", "decoder_gains", "device_decode_ms"]
+
+#: The decoder name of decoding on the GPU (:class:`~dataferry.decode.DecodeOnDevice`), beside :data:`DECODERS`.
+GPU = "gpu"
 
 
 def augment(crop: int = 224) -> Any:
@@ -52,17 +57,34 @@ def decode_ms(blobs: Sequence[bytes], decoder: Callable[[bytes], Any], transform
     return (time.perf_counter() - t0) / len(blobs) * 1e3
 
 
+def device_decode_ms(blobs: Sequence[bytes], crop: int = 224, device: str = "cuda") -> float:
+    """Milliseconds per image to decode ``blobs`` (JPEGs) in one batch on ``device`` and crop and flip each
+    there (:class:`~dataferry.decode.DecodeOnDevice`); one untimed batch first."""
+    import torch
+
+    batch = [(encoded(data), 0) for data in blobs]
+    on_device = DecodeOnDevice([collate_encoded(batch)], crop, device)
+    sync = torch.cuda.synchronize if on_device.device.type == "cuda" else (lambda: None)
+    for _ in range(2):
+        sync()
+        t0 = time.perf_counter()
+        next(iter(on_device))
+        sync()
+    return (time.perf_counter() - t0) / len(blobs) * 1e3
+
+
 def _named(names: frozenset[str], name: str) -> bool:
     return name in names
 
 
 def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any, *, workers: int, batch_size: int,
-                     epochs: int = 3, decoders: Sequence[str] = tuple(DECODERS), decode_once: int | None = 256,
+                     epochs: int = 3, decoders: Sequence[str] | None = None, decode_once: int | None = 256,
                      crop: int = 224, names: Collection[str] | None = None, seed: int = 0,
                      say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """One training loop per decoder over the images of ``source`` (only ``names``, if given), all read from
     one cache under ``work``, staged first. Returns a row per epoch (see the module's docstring). Epoch 1
-    of each decoder starts its workers; later epochs are what a long training run sees."""
+    of each decoder starts its workers; later epochs are what a long training run sees. ``decoders``
+    (default: every one of :data:`DECODERS`, and :data:`GPU` when ``compute`` trains on a CUDA GPU)."""
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
@@ -71,9 +93,14 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     from dataferry.stage import stage
     from dataferry.timing import evict
 
-    unknown = [d for d in decoders if d not in DECODERS]
+    on_cuda = getattr(compute, "mode", None) == "cuda"
+    decoders = list(DECODERS) + ([GPU] if on_cuda else []) if decoders is None else list(decoders)
+    unknown = [d for d in decoders if d not in (*DECODERS, GPU)]
     if unknown:
-        raise BadArgument(f"decoders={unknown}: choose from {', '.join(DECODERS)}")
+        raise BadArgument(f"decoders={unknown}: choose from {', '.join((*DECODERS, GPU))}")
+    if GPU in decoders and not on_cuda:
+        raise BadArgument(f"decoders={decoders}: {GPU!r} decodes on the GPU the model trains on; give a compute "
+                          "that trains on CUDA (TorchCompute on a GPU runtime), or leave it out")
     if type(epochs) is not int or epochs < 1:
         raise BadArgument(f"epochs={epochs!r}: give a whole number >= 1")
     valid = functools.partial(_named, frozenset(names)) if names is not None else None
@@ -89,6 +116,10 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     ms_per_image: dict[str, float] = {}
     for name in decoders:
         runs[name] = copy.copy(listed)
+        if name == GPU:  # the workers read bytes; DecodeOnDevice decodes and augments on the GPU
+            runs[name].loader, runs[name].transform = encoded, None
+            ms_per_image[name] = device_decode_ms(blobs, crop, str(compute.device))
+            continue
         runs[name].loader = DECODERS[name]
         ms_per_image[name] = decode_ms(blobs, DECODERS[name], tf)
     if decode_once:
@@ -112,8 +143,11 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
             states.append(f"cache warm, page cache {'dropped' if dropped else 'not fully dropped'}")
 
         sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
-        loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                            persistent_workers=workers > 0)
+        loader: Any = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                                 persistent_workers=workers > 0, collate_fn=collate_encoded if name == GPU else None,
+                                 pin_memory=on_cuda)
+        if name == GPU:
+            loader = DecodeOnDevice(loader, crop, str(compute.device))
         for report in feed(loader, compute, epochs=epochs, before_epoch=drop_page_cache):
             rows.append({"decoder": name, "epoch": report.epoch, "samples_per_s": report.samples_per_s, "au": report.au,
                          "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,

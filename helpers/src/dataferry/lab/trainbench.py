@@ -7,9 +7,12 @@ pixels, whose rows it leaves as PIL's; ``torchvision.io.decode_image``: :data:`d
 row is one epoch fed into an emulated accelerator (a :class:`~dataferry.feed.ComputeProfile`, so the
 figures do not depend on a GPU here): samples/s, accelerator utilisation (AU), the share of wall time
 the step waited for data, and the CPU count; decode milliseconds per sample are timed on one core
-beside it. Two ratios sum it up: ``decode_once_vs_jpeg_warm`` (warm cache, decode-once over decoding the
-JPEG every epoch, same workers) and ``cold_epoch_vs_plain_read`` (epoch 1 through the cache from a
-folder over plain reads of the same folder, same workers, page cache dropped before each). Figures are
+beside it. With a CUDA GPU, ``gpu`` rows too: the workers read bytes and the GPU decodes and crops each
+batch (:class:`~dataferry.decode.DecodeOnDevice`; its milliseconds are per image on the GPU). Two ratios
+sum it up: ``decode_once_vs_jpeg_warm`` (warm cache, decode-once over decoding the JPEG every epoch, same
+workers) and ``cold_epoch_vs_plain_read`` (epoch 1 through the cache from a
+folder over plain reads of the same folder, same workers, page cache dropped before each); and
+``mounted_prefetch_gain`` says what the prefetching sampler buys epoch 1 from a gcsfuse mount. Figures are
 ``lab:<profile>`` numbers from this machine; ``make bench-train`` runs it.
 """
 
@@ -24,12 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dataferry.bench.decoders import augment, decode_ms
-from dataferry.decode import DECODERS
+from dataferry.bench.decoders import GPU, augment, decode_ms, device_decode_ms
+from dataferry.decode import DECODERS, encoded
 from dataferry.lab.core import Lab
 from dataferry.lab.flowers import plan_flowers
 
-__all__ = ["bench_train"]
+__all__ = ["bench_train", "cold_epoch_vs_plain_read", "mounted_prefetch_gain"]
 
 DECODED_SIZE = 256
 
@@ -48,22 +51,25 @@ def _decode_ms(folder: Path, decoder: Callable[[bytes], Any], n: int = 100) -> f
     return decode_ms([f.read_bytes() for f in files], decoder, augment())
 
 
-def _epochs(dataset: Any, workers: int, batch: int, compute: Any, epochs: int = 1) -> list[Any]:
+def _epochs(dataset: Any, workers: int, batch: int, compute: Any, epochs: int = 1, on_gpu: bool = False,
+            prefetch: bool = True) -> list[Any]:
     """``epochs`` epochs of ``dataset`` into ``compute``, by one DataLoader whose ``workers`` worker processes
     live across epochs (as a training job keeps them), in a shuffled order; a dataset through the cache
     fetches ahead of the reader (its prefetching sampler), as the course teaches. The first epoch pays the
-    workers' start."""
+    workers' start. ``on_gpu``: the dataset gives encoded JPEGs, decoded and cropped on the GPU in batches;
+    ``prefetch=False``: no prefetching sampler."""
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
+    from dataferry.decode import DecodeOnDevice, collate_encoded
     from dataferry.feed import feed
 
     sampler: Any = RandomSampler(dataset, generator=torch.Generator().manual_seed(0))
-    if hasattr(dataset, "prefetching"):
+    if prefetch and hasattr(dataset, "prefetching"):
         sampler = dataset.prefetching(sampler)
-    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
-                        persistent_workers=workers > 0)
-    return feed(loader, compute, epochs=epochs)
+    loader: Any = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, pin_memory=on_gpu,
+                             persistent_workers=workers > 0, collate_fn=collate_encoded if on_gpu else None)
+    return feed(DecodeOnDevice(loader) if on_gpu else loader, compute, epochs=epochs)
 
 
 def _drop_page_cache(folder: Path) -> None:
@@ -72,17 +78,73 @@ def _drop_page_cache(folder: Path) -> None:
     evict([str(p) for p in folder.rglob("*") if p.is_file()])
 
 
+def cold_epoch_vs_plain_read(blobs: list[bytes], work: Path, width: int, compute: Any, *, files: int = 4000,
+                             repeats: int = 3, batch: int = 32, say: Callable[[str], None] = print) -> tuple[list[float], list[float]]:
+    """Epoch 1 through the cache from a folder vs plain reads of the same folder, bytes only (no decoding):
+    ``files`` files (``blobs`` over and over, 50 folders) under ``work``, read by ``width`` DataLoader
+    workers into ``compute``, the page cache dropped before each; ``repeats`` times each, through the
+    prefetching sampler as a user would (which leaves a folder on local disk to the workers). Returns the
+    files/s of each plain read and of each cache epoch 1."""
+    from dataferry import Cache, CachedDataset, LocalSource
+    from dataferry.dataset import SourceDataset
+
+    folder = work / "plain"
+    for i in range(files):
+        path = folder / f"{i % 50:02d}" / f"{i:06d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(blobs[i % len(blobs)])
+    source = LocalSource(folder)
+    entries = sorted(source.list(), key=lambda e: e.name)
+    plain_rates, cold_rates = [], []
+    for r in range(repeats):
+        _drop_page_cache(folder)
+        report = _epochs(SourceDataset(source, entries, decode=len), width, batch, compute)[0]
+        plain_rates.append(report.samples_per_s)
+        _drop_page_cache(folder)
+        cached = CachedDataset(source, Cache(work / f"cold-{width}-{r}"), decode=len)
+        report = _epochs(cached, width, batch, compute)[0]
+        cold_rates.append(report.samples_per_s)
+        say(f"  plain read {plain_rates[-1]:6.0f} files/s, cache epoch 1 {cold_rates[-1]:6.0f} files/s "
+            f"({width} workers, {files} files)")
+    return plain_rates, cold_rates
+
+
+def mounted_prefetch_gain(lab: Lab, blobs: list[bytes], work: Path, width: int, compute: Any, *, files: int = 300,
+                          repeats: int = 3, batch: int = 32, say: Callable[[str], None] = print) -> tuple[list[float], list[float]]:
+    """Epoch 1 through the cache from a gcsfuse mount of a lab bucket, with the prefetching sampler and
+    without it, ``width`` workers; each run reads ``files`` objects no earlier run read (gcsfuse keeps what
+    it has read), the two kinds of run alternating. A mounted folder (as Drive in Colab) waits on the
+    network for every file, so fetching ahead should pay there, where on local disk it only raced the
+    workers. Returns the files/s of each run with, and of each without."""
+    from dataferry import Cache, CachedDataset, LocalSource
+
+    bucket = lab.create_bucket("train-bench-mounted")
+    for run in range(2 * repeats):
+        for i in range(files):
+            bucket.blob(f"r{run}/{i:05d}.jpg").upload_from_string(blobs[i % len(blobs)])
+    ahead: list[float] = []
+    alone: list[float] = []
+    with lab.mount(bucket.name) as mount:
+        for run in range(2 * repeats):
+            prefetch = run % 4 in (0, 3)  # with, without, without, with, ...: neither always goes first
+            dataset = CachedDataset(LocalSource(mount.mountpoint / f"r{run}"), Cache(work / f"mounted-{run}"), decode=len)
+            report = _epochs(dataset, width, batch, compute, prefetch=prefetch)[0]
+            (ahead if prefetch else alone).append(report.samples_per_s)
+            say(f"  gcsfuse mount, cache epoch 1 {'with' if prefetch else 'without'} prefetching: "
+                f"{report.samples_per_s:6.0f} files/s ({width} workers, {files} files)")
+    return ahead, alone
+
+
 def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: int = 800, batch: int = 32,
                 workers: tuple[int, ...] | None = None, profile: str = "resnet50-h100-amp",
-                region: str = "same-continent", plain_files: int = 4000, repeats: int = 3,
+                region: str = "same-continent", plain_files: int = 4000, repeats: int = 5,
                 say: Callable[[str], None] = print) -> dict:
     """Run the benchmark, print its table and write ``out`` (JSON). ``images`` flower JPEGs (a fifth per
     class) are served by a lab bucket under ``region`` and written to a local folder; ``workers`` defaults
     to 1 and this machine's CPU count."""
     import torch
 
-    from dataferry import Cache, CachedDataset, CachedImageFolder, GCSSource, LocalSource
-    from dataferry.dataset import SourceDataset
+    from dataferry import Cache, CachedImageFolder, GCSSource
     from dataferry.feed import PROFILES, EmulatedCompute
 
     torch.set_num_threads(1)
@@ -90,7 +152,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
     widths = workers or tuple(sorted({1, cpus}))
     compute = EmulatedCompute(PROFILES[profile])
     rows: list[dict[str, Any]] = []
-    with Lab.private(profile=region, gcsfuse=False) as lab:
+    with Lab.private(profile=region, gcsfuse=True) as lab:
         with tempfile.TemporaryDirectory(prefix="dataferry-bench-train-") as tmp:
             work = Path(tmp)
             flowers = plan_flowers(images // 5, seed=23, prefix="flowers/")
@@ -101,6 +163,8 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
             client = lab.client()  # through the shaped link
             local = work / "local" / "flowers"
             ms_per_sample = {d: _decode_ms(local, DECODERS[d]) for d in DECODERS}
+            if torch.cuda.is_available():
+                ms_per_sample[GPU] = device_decode_ms([p.read_bytes() for p in sorted(local.rglob("*.jpg"))[:256]])
             from torchvision.datasets import ImageFolder
 
             def row(reader: str, decoder: str, width: int, report: Any) -> None:
@@ -121,6 +185,13 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                     row("cache-cold", decoder, width, cold)
                     for report in warm:
                         row("cache-warm", decoder, width, report)
+                if torch.cuda.is_available():  # the workers read bytes; the GPU decodes and crops each batch
+                    on_gpu = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-gpu"),
+                                               loader=encoded)
+                    cold, *warm = _epochs(on_gpu, width, batch, compute, 1 + repeats, on_gpu=True)
+                    row("cache-cold", GPU, width, cold)
+                    for report in warm:
+                        row("cache-warm", GPU, width, report)
                 once = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-once"),
                                          transform=augment(), decode_once=DECODED_SIZE)
                 cold, *warm = _epochs(once, width, batch, compute, 1 + repeats)
@@ -128,26 +199,13 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 for report in warm:
                     row("decode-once-warm", f"pil@{DECODED_SIZE}", width, report)
 
-            # Epoch 1 through the cache from a folder vs plain reads of it: bytes only, no decoding.
-            folder = work / "plain"
-            blobs = [data for _, data in flowers.objects()]
-            for i in range(plain_files):
-                path = folder / f"{i % 50:02d}" / f"{i:06d}.jpg"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(blobs[i % len(blobs)])
-            source = LocalSource(folder)
-            entries = sorted(source.list(), key=lambda e: e.name)
             width = max(2, min(widths[-1], cpus))
-            plain_rates, cold_rates = [], []
-            for r in range(repeats):
-                _drop_page_cache(folder)
-                report = _epochs(SourceDataset(source, entries, decode=len), width, batch, compute)[0]
-                plain_rates.append(report.samples_per_s)
-                _drop_page_cache(folder)
-                report = _epochs(CachedDataset(source, Cache(work / f"cold-{r}"), decode=len), width, batch, compute)[0]
-                cold_rates.append(report.samples_per_s)
-                say(f"  plain read {plain_rates[-1]:6.0f} files/s, cache epoch 1 {cold_rates[-1]:6.0f} files/s "
-                    f"({width} workers, {plain_files} files)")
+            blobs = [data for _, data in flowers.objects()]
+            plain_rates, cold_rates = cold_epoch_vs_plain_read(blobs, work, width, compute, files=plain_files,
+                                                               repeats=repeats, batch=batch, say=say)
+            ahead_rates, alone_rates = mounted_prefetch_gain(lab, blobs, work, width, compute,
+                                                             files=min(plain_files, 300), repeats=repeats, batch=batch,
+                                                             say=say)
 
     def median(reader: str, decoder: str, width: int) -> float:
         return statistics.median(r["samples_per_s"] for r in rows
@@ -162,6 +220,8 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
         "plain_read_files_per_s": plain_rates, "cold_epoch_files_per_s": cold_rates, "cold_epoch_workers": width,
         "decode_once_vs_jpeg_warm": median("decode-once-warm", f"pil@{DECODED_SIZE}", top) / median("cache-warm", "pil", top),
         "cold_epoch_vs_plain_read": statistics.median(cold_rates) / statistics.median(plain_rates),
+        "mounted_files_per_s": {"prefetching": ahead_rates, "without": alone_rates},
+        "mounted_prefetch_gain": statistics.median(ahead_rates) / statistics.median(alone_rates),
         "goals": {"decode_once_vs_jpeg_warm": ">= 2.0", "cold_epoch_vs_plain_read": ">= 0.8"},
     }
     say(_table(results, top))
@@ -172,7 +232,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
 
 
 def _table(results: dict, width: int) -> str:
-    lines = [f"| reader | decoder | workers | samples/s (median) | AU | waiting | decode ms/sample (1 core) |",
+    lines = ["| reader | decoder | workers | samples/s (median) | AU | waiting | decode ms/sample (1 core) |",
              "|---|---|---|---|---|---|---|"]
     seen: dict[tuple, list[dict]] = {}
     for r in results["rows"]:
@@ -186,4 +246,6 @@ def _table(results: dict, width: int) -> str:
                  f"({results['profile']['samples_per_s']:,.0f} samples/s, emulated)")
     for key, goal in results["goals"].items():
         lines.append(f"{key}: {results[key]:.2f} (goal {goal}; {width} workers)")
+    lines.append(f"mounted_prefetch_gain: {results['mounted_prefetch_gain']:.2f} (epoch 1 from a gcsfuse mount through "
+                 f"the cache, with the prefetching sampler over without; {results['cold_epoch_workers']} workers)")
     return "\n".join(lines)

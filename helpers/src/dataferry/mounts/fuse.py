@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from dataferry.errors import DataferryError
+from dataferry.host import mount_table
 
 __all__ = ["MountError", "fuse_status", "is_mounted", "fuse_mounts_under", "log_tail", "unmount", "LOG_TAIL_LINES"]
 
@@ -36,23 +37,10 @@ def fuse_status(device: str | os.PathLike[str] = "/dev/fuse") -> tuple[bool, str
     return True, f"{dev} is present and usable"
 
 
-def _mount_table() -> list[tuple[str, str]]:
-    """(mountpoint, fstype) for every mount in this mount namespace."""
-    rows = []
-    with open("/proc/self/mounts", encoding="utf-8") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3:
-                # /proc/mounts escapes spaces and a few other characters as octal.
-                point = parts[1].encode().decode("unicode_escape")
-                rows.append((point, parts[2]))
-    return rows
-
-
 def is_mounted(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` is a mount point (per /proc/self/mounts)."""
     target = os.path.realpath(path)
-    return any(point == target for point, _ in _mount_table())
+    return any(point == target for point, _ in mount_table())
 
 
 def fuse_mounts_under(folder: str | os.PathLike[str]) -> list[str]:
@@ -60,7 +48,7 @@ def fuse_mounts_under(folder: str | os.PathLike[str]) -> list[str]:
     root = os.path.realpath(folder)
     return [
         point
-        for point, fstype in _mount_table()
+        for point, fstype in mount_table()
         if fstype.startswith("fuse") and (point == root or point.startswith(root + os.sep))
     ]
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from dataferry.host import on_network_filesystem
 from dataferry.sources.base import CHUNK, ChangedAtSource, Entry, NotFoundAtSource, where
 from dataferry.sources.beneath import open_beneath
 
@@ -21,6 +22,11 @@ class LocalSource:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
         self.uri = self.root.as_uri()
+
+    @property
+    def remote(self) -> bool:
+        """On a FUSE or network mount (Drive, gcsfuse), where each read can wait on the network; not on local disk."""
+        return on_network_filesystem(self.root)
 
     def _open(self, name: str) -> int:
         try:

@@ -1,0 +1,95 @@
+"""The analysis lesson's reading of pooled runs (dataferry.analysis): pooling result files from any layout
+once each, and findings that never pool two settings and name a fastest only at a clear lead."""
+
+from __future__ import annotations
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+from dataferry.analysis import Findings, label_epochs, pool, size_label  # noqa: E402
+from dataferry.timing import COLUMNS  # noqa: E402
+
+
+def _rows(run, lesson_files, region, method, first, repeat, size=1 << 20, runtime="local-cpu"):
+    """Epoch rows of one run: pass 1 at ``first`` MB/s and pass 2 at ``repeat``, for ``lesson_files`` files."""
+    return [{"run_id": run, "method": method, "region": region, "runtime": runtime, "phase": "epoch", "pass": p,
+             "file": f"epoch ({lesson_files} files)", "bytes": lesson_files * size, "MBps": mbps, "error": "",
+             "cache_state": "cold_verified" if p == 2 else "", "repeat": r}
+            for r in range(3) for p, mbps in ((1, first), (2, repeat))]
+
+
+def _write(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(path, index=False)
+
+
+def test_pool_labels_rows_by_lesson_whatever_the_layout_and_counts_a_row_pooled_twice_once(tmp_path):
+    a = _rows("r1", 8, "lab:colocated", "gcsfuse", 10, 11)
+    b = _rows("r2", 8, "lab:colocated", "dataferry", 30, 900)
+    _write(tmp_path / "course" / "02_gcsfuse" / "run" / "results.csv", a)
+    _write(tmp_path / "download" / "results" / "04_stage" / "run" / "results.csv", b)  # an unzipped course.finish()
+    _write(tmp_path / "download" / "results" / "02_gcsfuse" / "run" / "results.csv", a)  # pooled twice: once
+    _write(tmp_path / "mine" / "results.csv", b)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results.csv").write_text("not,a,dataferry\nfile,at,all\n")
+    said = []
+    rows = pool([(tmp_path / "course", None), (tmp_path / "download", None), (tmp_path / "mine", None),
+                 (tmp_path / "broken", None), (tmp_path / "nowhere", "07_by_region")], say=said.append)
+    assert sorted(rows.groupby("lesson").size().items()) == [("02_gcsfuse", 6), ("04_stage", 6)]
+    assert any(s.startswith("(skipped") and "broken" in s for s in said)
+    assert f"(nothing to pool in {tmp_path / 'nowhere'})" in said
+    assert pool([(tmp_path / "nowhere", None)], say=said.append) is None
+    labelled = label_epochs(rows)
+    assert set(labelled["kind"]) == {"first read", "repeat"} and set(labelled["files"]) == {8}
+    assert set(labelled["size"]) == {"1 MiB files"}
+    assert size_label(1_000_000.0) == "1,000,000 B files" and size_label(float("nan")) == "size unknown"
+
+
+def _findings(*runs):
+    from dataferry.lab.profiles import added_rtt_ms
+
+    rows = pd.DataFrame([r for run in runs for r in run]).reindex(columns=COLUMNS)
+    rows["lesson"] = [r["lesson"] for run in runs for r in run]
+    return Findings(label_epochs(rows), distance=added_rtt_ms)
+
+
+def _lesson(lesson, rows):
+    return [{**r, "lesson": lesson} for r in rows]
+
+
+def test_findings_never_pool_two_lessons_and_name_a_fastest_only_at_a_clear_lead():
+    """Two lessons in one region, same files: two settings, each said on its own. In one, dataferry leads
+    gcsfuse 3x (named the fastest); in the other the two are within 1.2x (no fastest); a setting with one
+    way of reading says so. Lab profiles compare nearest against farthest, and the caveat and the list of
+    what cannot be tested follow from the rows."""
+    f = _findings(
+        _lesson("02_gcsfuse", _rows("a", 8, "lab:colocated", "gcsfuse", 10, 11)),
+        _lesson("02_gcsfuse", _rows("a", 8, "lab:colocated", "dataferry", 30, 900)),
+        _lesson("04_stage", _rows("b", 8, "lab:colocated", "gcsfuse", 10, 11)),
+        _lesson("04_stage", _rows("b", 8, "lab:colocated", "dataferry", 11, 900)),
+        _lesson("04_stage", _rows("c", 8, "lab:cross-continent", "dataferry", 5, 900)),
+        _lesson("09_shards", _rows("d", 4, "lab:colocated", "api-parallel", 20, 800)),
+    )
+    said = []
+    cannot = f.against_the_post(say=said.append)
+    text = "\n".join(said)
+    assert len(f.settings) == 4
+    assert "lab:colocated, 02_gcsfuse, 8 files (1 MiB files), local-cpu: the fastest first read (dataferry, 30.0 MB/s)" in text
+    assert ("lab:colocated, 04_stage, 8 files (1 MiB files), local-cpu: the first reads of dataferry and gcsfuse, "
+            "within 1.2x of each other, the higher (dataferry, 11.0 MB/s)") in text
+    assert "09_shards, 4 files (1 MiB files), local-cpu: the only first read measured (api-parallel" in text
+    assert ("dataferry in 04_stage, 8 files (1 MiB files), local-cpu: first read 2.20x as fast in lab:colocated as in "
+            "lab:cross-continent (slower far away).") in text
+    assert "02_gcsfuse" not in [line for line in said if "as fast in" in line][0], "one lesson's region comparison"
+    assert text.count("less than the post's 1000x") == 4 and "Caveat: 36 of 36 epoch rows come from the offline lab" in text
+    assert any(c.startswith("any real cloud region") for c in cannot) and any(c.startswith("Google Drive") for c in cannot)
+    assert any(c.startswith("the effect of runtime type") for c in cannot)
+    said.clear()
+    f.conclusion(say=said.append)
+    assert said[0].startswith("For the 4 settings pooled here") and "2 of 2 regions are lab profiles" in said[0]
+    assert ("- Of the 1 settings where one way of reading led the next by 1.2x or more, the fastest first read was "
+            "dataferry in 1.") in said
+    assert "- First reads ran at least 3x below re-reads of a local copy in 4 of 4 settings: first reads are paid to " \
+           "the network." in said
+    assert said[-1] == f"- {len(cannot)} question(s) these runs cannot answer are listed with the findings above."

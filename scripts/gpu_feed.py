@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4, help="per reader; the first starts the workers")
     ap.add_argument("--few-workers", type=int, default=2, help="as many as a Colab runtime has vCPUs")
     ap.add_argument("--cold-files", type=int, default=6000)
-    ap.add_argument("--cold-widths", default="1,4,14")
+    ap.add_argument("--cold-widths", default="1,4,14", help='"" skips the cold-epoch comparison')
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
@@ -106,7 +106,7 @@ def main() -> None:
 
         cold = []
         blobs = [data for _, data in flowers.objects()]
-        for width in (int(w) for w in args.cold_widths.split(",")):
+        for width in (int(w) for w in args.cold_widths.split(",") if w):
             plain, cached = cold_epoch_vs_plain_read(blobs, work / f"cold-{width}", width, EmulatedCompute(resnet),
                                                      files=args.cold_files, repeats=args.repeats, batch=64,
                                                      say=lambda s: print(s, flush=True))

@@ -88,7 +88,7 @@ def test_findings_never_pool_two_lessons_and_name_a_fastest_only_at_a_clear_lead
     said.clear()
     f.conclusion(say=said.append)
     assert said[0].startswith("For the 4 settings pooled here") and "2 of 2 regions are lab profiles" in said[0]
-    assert ("- Of the 1 settings where one way of reading led the next by 1.2x or more, the fastest first read was "
+    assert ("- Of the 1 setting where one way of reading led the next by 1.2x or more, the fastest first read was "
             "dataferry in 1.") in said
     assert "- First reads ran at least 3x below re-reads of a local copy in 4 of 4 settings: first reads are paid to " \
            "the network." in said

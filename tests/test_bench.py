@@ -216,8 +216,13 @@ def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(t
     for r in got["rows"]:
         assert r["samples_per_s"] > 0 and 0 < r["au"] <= 1.05 and 0 <= r["wait_share"] <= 1, r
     assert got["decode_once_vs_jpeg_warm"] > 0 and got["cold_epoch_vs_plain_read"] > 0
+    from dataferry.mounts.fuse import fuse_status
+
     mounted = got["mounted_files_per_s"]
-    assert len(mounted["prefetching"]) == len(mounted["without"]) == 1 and got["mounted_prefetch_gain"] > 0
+    if fuse_status()[0]:  # the lab mounts with gcsfuse wherever FUSE works (CI: yes)
+        assert len(mounted["prefetching"]) == len(mounted["without"]) == 1 and got["mounted_prefetch_gain"] > 0
+    else:
+        assert got["mounted_prefetch_gain"] is None and "not measured (no gcsfuse)" in stdout
     assert "mounted_prefetch_gain" in stdout
     assert set(got["goals"]) == {"decode_once_vs_jpeg_warm", "cold_epoch_vs_plain_read"}
     assert all(ms > 0 for ms in got["decode_ms_per_sample"].values())

@@ -235,6 +235,45 @@ def test_decode_on_device_gives_each_batch_the_pictures_and_targets_the_cpu_deco
         encoded(png.getvalue())
     with pytest.raises(BadArgument, match="size=8"):
         DecodeOnDevice([], size=8)
+    with pytest.raises(BadArgument, match="collate_fn=collate_encoded"):
+        next(iter(DecodeOnDevice([(torch.zeros(2, 3, 8, 8), torch.zeros(2))], 48, "cpu")))  # a decoded batch
+
+
+def test_a_crop_at_a_small_images_edge_is_that_images_pixels_whatever_else_is_in_the_batch():
+    """A box touching the right and bottom edges of an image smaller than another in its batch, enlarged:
+    the same pixels as torchvision's resized_crop of that image alone (no black from a padded batch), but for
+    the first row and column, which roi_align interpolates with the image's pixels just outside the box
+    where torchvision, cropping first, repeats the box's edge."""
+    from torchvision.transforms import v2
+
+    from dataferry.decode import DecodeOnDevice
+
+    gen = torch.Generator().manual_seed(0)
+    small = torch.randint(0, 256, (3, 60, 80), dtype=torch.uint8, generator=gen)
+    big = torch.randint(0, 256, (3, 300, 400), dtype=torch.uint8, generator=gen)
+    boxes = torch.tensor([[50, 30, 80, 60], [0, 0, 400, 300]])  # small: its last 30 x 30 pixels
+    out = DecodeOnDevice([], size=48, device="cpu", flip=False).crop([small, big], boxes)
+    theirs = v2.functional.resized_crop(small, 30, 50, 30, 30, [48, 48], antialias=True)
+    assert out.shape == (2, 3, 48, 48) and (out[0, :, 1:, 1:].int() - theirs[:, 1:, 1:].int()).abs().max() <= 1
+
+
+def test_compare_decoders_adds_the_gpu_row_when_the_compute_trains_on_cuda(tmp_path):
+    """A compute that says it trains on CUDA gets the 'gpu' decoder by default: its workers read bytes and
+    DecodeOnDevice decodes on the compute's device (here a stand-in whose device is the CPU: no GPU here)."""
+    from dataferry.bench.decoders import compare_decoders
+    from dataferry.feed import PROFILES, EmulatedCompute
+
+    class OnCuda(EmulatedCompute):
+        mode, device = "cuda", "cpu"
+
+    TEST.write_to(tmp_path / "photos")
+    names = sorted(n.removeprefix("test/") for n in TEST.object_names)[::5]
+    rows = compare_decoders(LocalSource(tmp_path / "photos" / "test"), tmp_path / "work", OnCuda(PROFILES["resnet50-v100-amp"]),
+                            workers=0, batch_size=10, epochs=2, decode_once=None, names=names, say=lambda s: None)
+    assert [r["decoder"] for r in rows] == [d for d in ("pil", "pil-reduced", "torchvision", "gpu") for _ in (1, 2)]
+    gpu = [r for r in rows if r["decoder"] == "gpu"]
+    assert all(r["samples_per_s"] * r["epoch_s"] == pytest.approx(len(names)) and r["decode_ms_per_sample"] > 0
+               for r in gpu)
 
 
 def test_random_boxes_are_random_resized_crops_drawn_for_a_whole_batch():
@@ -255,6 +294,10 @@ def test_random_boxes_are_random_resized_crops_drawn_for_a_whole_batch():
     wide = boxes[~drawn & (share < 0.9)]  # 1000 x 90 fits a ratio of 4/3 only in a small box, or none
     assert len(wide) > 0 and all((b[2] - b[0]) / (b[3] - b[1]) <= 4 / 3 + 0.02 for b in wide.tolist())
     assert random_boxes(torch.tensor([[100, 50]]), (1.0, 1.0), (0.1, 10.0)).tolist() == [[0, 0, 100, 50]]
+    # No draw fits: the widest box of the largest ratio allowed, centred as torchvision centres it.
+    assert random_boxes(torch.tensor([[1000, 90]]), (1.0, 1.0)).tolist() == [[440, 0, 560, 90]]
+    with pytest.raises(BadArgument, match="scale="):
+        random_boxes(sizes, (0.5, 0.1))
 
 
 def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_buys(tmp_path):

@@ -347,9 +347,9 @@ def test_a_folder_on_local_disk_is_left_to_the_workers_and_a_mounted_one_is_fetc
     files (on a 16-CPU GPU machine, epoch 1 from a folder ran at 1,919 files/s with them, 3,327 without:
     scripts/gpu_feed.py); a FUSE mount (the lab's real gcsfuse, as Drive in Colab) waits on the network, and
     is still fetched ahead. Either way the sampler yields the wrapped sampler's indices."""
-    from dataferry.host import filesystem_of, on_network_filesystem
+    from dataferry.host import filesystem_of, mount_of, on_network_filesystem
 
-    assert filesystem_of("/proc") == "proc" and filesystem_of("/proc/self") == "proc"
+    assert filesystem_of("/proc") == "proc" and mount_of("/proc/self") == ("/proc", "proc")
     local = tmp_path / "photos"
     local.mkdir()
     for i in range(12):

@@ -99,6 +99,10 @@ def _leader(medians: Any) -> tuple[Any, Any]:
     return (ranked.index[0] if ranked.iloc[0] >= LEAD * ranked.iloc[1] else None), ranked.index[1]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _named(setting: Sequence[Any]) -> str:
     lesson, files, size, region, runtime = setting
     return f"{region}, {lesson}, {files} files ({size}), {runtime}"
@@ -282,8 +286,8 @@ class Findings:
                 local_wins.append(copies.median() / a["gcsfuse"])
             if "gcsfuse" in f.index and "gcsfuse" in a.index:
                 gcsfuse_slow.append(a["gcsfuse"] / f["gcsfuse"] < 1.5)
-        say(f"For the {len(self.settings)} settings pooled here (a setting is the files of one lesson, of one size, in one "
-            "region, on one kind of runtime; "
+        say(f"For the {_count(len(self.settings), 'setting')} pooled here (a setting is the files of one lesson, of one "
+            "size, in one region, on one kind of runtime; "
             f"{len(self.lab_regions)} of {len(self.regions)} regions are lab profiles, not cloud regions):")
         if bound:
             say(f"- First reads ran at least 3x below re-reads of a local copy in {sum(bound)} of {len(bound)} settings: "
@@ -292,7 +296,7 @@ class Findings:
                    "in most, the network was not the limit."))
         if best_first:
             winners = pd.Series(list(best_first.values())).value_counts()
-            say(f"- Of the {len(best_first)} settings where one way of reading led the next by {LEAD}x or more, the fastest "
+            say(f"- Of the {_count(len(best_first), 'setting')} where one way of reading led the next by {LEAD}x or more, the fastest "
                 f"first read was {winners.index[0]} in {winners.iloc[0]}"
                 + (f" (then {', '.join(f'{m} {n}' for m, n in winners.iloc[1:].items())})." if len(winners) > 1 else "."))
         if local_wins:

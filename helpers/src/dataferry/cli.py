@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--profile", choices=list(PROFILES), default="same-continent", help="lab region profile")
     bs.set_defaults(func=cmd_bench_shards)
     bt = sub.add_parser("bench-train", help="where a training epoch's time goes: real JPEGs, decoders, workers, the cache "
-                                            "cold, warm and with decode-once, in a lab of its own (~5 min)")
+                                            "cold, warm and with decode-once, in a lab of its own (~10 min)")
     bt.add_argument("--out", default="build/bench/train.json")
     bt.add_argument("--images", type=int, default=800, help="flower JPEGs (a fifth per class)")
     bt.add_argument("--batch", type=int, default=32)

@@ -98,6 +98,9 @@ def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
 
     import torch
 
+    if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1] and tries >= 1):
+        raise BadArgument(f"scale={scale!r}, ratio={ratio!r}, tries={tries!r}: give 0 < scale low <= high <= 1, "
+                          "0 < ratio low <= high and tries >= 1")
     w, h = sizes[:, :1].double(), sizes[:, 1:].double()
     n = len(sizes)
     area = w * h * torch.empty(n, tries, dtype=torch.float64).uniform_(*scale)
@@ -111,8 +114,8 @@ def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
     fh = torch.where(aspect < ratio[0], (w / ratio[0]).round(), h)
     cw = torch.where(found, cw.gather(1, first), fw)
     ch = torch.where(found, ch.gather(1, first), fh)
-    x0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (w - cw + 1)).floor(), ((w - cw) / 2).round())
-    y0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (h - ch + 1)).floor(), ((h - ch) / 2).round())
+    x0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (w - cw + 1)).floor(), ((w - cw) / 2).floor())
+    y0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (h - ch + 1)).floor(), ((h - ch) / 2).floor())
     return torch.cat([x0, y0, x0 + cw, y0 + ch], 1)
 
 
@@ -120,10 +123,11 @@ class DecodeOnDevice:
     """Batches of encoded JPEGs from ``loader`` (a DataLoader over a dataset whose ``loader`` is
     :func:`encoded`, with ``collate_fn=collate_encoded``), decoded on ``device`` in one call per batch
     (``torchvision.io.decode_jpeg``: nvJPEG on a CUDA device), then cropped and resized as
-    ``RandomResizedCrop(size, scale, ratio)`` does, every image of the batch in one call
-    (``torchvision.ops.roi_align``, averaging the pixels each output pixel covers), and flipped at random
-    (``flip``): ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only read
-    bytes. Iterate it once per epoch, as the DataLoader::
+    ``RandomResizedCrop(size, scale, ratio)`` does (``torchvision.ops.roi_align`` on each image: one kernel
+    that averages the pixels each output pixel covers, the image's own edge repeated past it; along a box
+    edge inside the image it interpolates with the pixels beyond, where torchvision repeats the edge), and
+    flipped at random (``flip``): ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only
+    read bytes. Iterate it once per epoch, as the DataLoader::
 
         ds = CachedImageFolder(source, cache, loader=encoded)
         batches = DecodeOnDevice(DataLoader(ds, batch_size=256, num_workers=2, collate_fn=collate_encoded))
@@ -147,23 +151,28 @@ class DecodeOnDevice:
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        for data, lengths, targets in self.loader:
+        for batch in self.loader:
+            if not (isinstance(batch, (tuple, list)) and len(batch) == 3):
+                raise BadArgument("DecodeOnDevice takes batches of (bytes, lengths, targets): give its DataLoader "
+                                  "collate_fn=collate_encoded, over a dataset whose loader is encoded")
+            data, lengths, targets = batch
             decoded = decode_jpeg(list(data.split(lengths.tolist())), mode=ImageReadMode.RGB, device=self.device)
             yield self.crop(decoded), targets.to(self.device, non_blocking=True)
 
-    def crop(self, images: list[Any]) -> Any:
-        """Decoded ``3 x H x W`` uint8 images (on the device) -> one ``N x 3 x size x size`` uint8 batch."""
+    def crop(self, images: list[Any], boxes: Any = None) -> Any:
+        """Decoded ``3 x H x W`` uint8 images (on the device) -> one ``N x 3 x size x size`` uint8 batch: each
+        image's box (``boxes``, ``N x 4`` (x0, y0, x1, y1) in pixels; default :func:`random_boxes`) resized
+        to ``size`` x ``size``, then flipped at random if ``flip``."""
         import torch
         from torchvision.ops import roi_align
 
-        sizes = torch.tensor([[img.shape[-1], img.shape[-2]] for img in images])
-        boxes = random_boxes(sizes, self.scale, self.ratio)
-        width, height = (int(v) for v in sizes.max(0).values)
-        canvas = torch.zeros(len(images), 3, height, width, dtype=torch.float32, device=self.device)
-        for i, img in enumerate(images):
-            canvas[i, :, : img.shape[-2], : img.shape[-1]] = img
-        rois = torch.cat([torch.arange(len(images), dtype=torch.float64)[:, None], boxes], 1)
-        out = roi_align(canvas, rois.to(self.device, torch.float32), self.size, sampling_ratio=-1, aligned=True)
+        if boxes is None:
+            boxes = random_boxes(torch.tensor([[img.shape[-1], img.shape[-2]] for img in images]), self.scale, self.ratio)
+        rois = torch.cat([torch.zeros(len(images), 1, dtype=torch.float64), boxes.double()], 1)
+        rois = rois.to(self.device, torch.float32)
+        out = torch.empty(len(images), 3, self.size, self.size, dtype=torch.float32, device=self.device)
+        for i, img in enumerate(images):  # one image at a time: another image's size never pads this one
+            out[i] = roi_align(img[None].float(), rois[i:i + 1], self.size, sampling_ratio=-1, aligned=True)[0]
         if self.flip:
             mirror = (torch.rand(len(images)) < 0.5).to(self.device)
             out = torch.where(mirror[:, None, None, None], out.flip(-1), out)

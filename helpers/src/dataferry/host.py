@@ -8,7 +8,8 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["pid_alive", "in_colab", "COLAB_ENV_VARS", "mount_table", "filesystem_of", "on_network_filesystem"]
+__all__ = ["pid_alive", "in_colab", "COLAB_ENV_VARS", "mount_table", "mount_of", "filesystem_of",
+           "on_network_filesystem"]
 
 COLAB_ENV_VARS = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_BACKEND_VERSION")
 
@@ -47,31 +48,45 @@ NETWORK_FILESYSTEMS = ("fuse", "nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "glu
 
 
 def mount_table() -> list[tuple[str, str]]:
-    """(mount point, filesystem type) for every mount in this mount namespace, in /proc/self/mounts' order."""
+    """(mount point, filesystem type) for every mount in this mount namespace, in /proc/self/mounts' order
+    (empty where there is no /proc). Points keep any byte the kernel escaped (``\\040`` for a space)."""
+    import re
+
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
     rows = []
-    with open("/proc/self/mounts", encoding="utf-8") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3:
-                # /proc/mounts escapes spaces and a few other characters as octal.
-                rows.append((parts[1].encode().decode("unicode_escape"), parts[2]))
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1])
+            rows.append((point, parts[2]))
     return rows
+
+
+def mount_of(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """(mount point, filesystem type) of the innermost mount holding ``path`` (the last mounted, when two share
+    a mount point): ``("/", "ext4")``, ``("/content/drive", "fuse.drive")`` ...; ``("", "")`` if none is known."""
+    target = os.path.realpath(path)
+    best = ("", "")
+    for point, fstype in mount_table():
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best[0]):
+            best = (point, fstype)
+    return best
 
 
 def filesystem_of(path: str | os.PathLike[str]) -> str:
     """The filesystem type ``path`` is on (``ext4``, ``overlay``, ``fuse``, ``fuse.gcsfuse`` ...): that of the
-    innermost mount holding it (the last mounted, when two share a mount point); ``""`` if none is known."""
-    target = os.path.realpath(path)
-    best, kind = -1, ""
-    for point, fstype in mount_table():
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best:
-            best, kind = len(point), fstype
-    return kind
+    innermost mount holding it (:func:`mount_of`); ``""`` if none is known."""
+    return mount_of(path)[1]
 
 
 def on_network_filesystem(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` is on a FUSE or network mount (:data:`NETWORK_FILESYSTEMS`; a Drive or gcsfuse mount
-    in Colab), where a read can wait on the network; False on a local disk, tmpfs or overlay."""
+    in Colab), where a read can wait on the network, or on a mount this process cannot see; False on a local
+    disk, tmpfs or overlay."""
     kind = filesystem_of(path)
-    return kind.split(".")[0] in NETWORK_FILESYSTEMS
+    return not kind or kind.split(".")[0] in NETWORK_FILESYSTEMS

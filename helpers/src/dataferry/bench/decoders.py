@@ -145,7 +145,7 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
         sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
         loader: Any = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
                                  persistent_workers=workers > 0, collate_fn=collate_encoded if name == GPU else None,
-                                 pin_memory=on_cuda)
+                                 pin_memory=on_cuda and torch.cuda.is_available())
         if name == GPU:
             loader = DecodeOnDevice(loader, crop, str(compute.device))
         for report in feed(loader, compute, epochs=epochs, before_epoch=drop_page_cache):

@@ -7,7 +7,7 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from dataferry.analysis import Findings, label_epochs, pool, size_label  # noqa: E402
+from dataferry.analysis import Findings, exact_size_label, label_epochs, pool  # noqa: E402
 from dataferry.timing import COLUMNS  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def test_pool_labels_rows_by_lesson_whatever_the_layout_and_counts_a_row_pooled_
     labelled = label_epochs(rows)
     assert set(labelled["kind"]) == {"first read", "repeat"} and set(labelled["files"]) == {8}
     assert set(labelled["size"]) == {"1 MiB files"}
-    assert size_label(1_000_000.0) == "1,000,000 B files" and size_label(float("nan")) == "size unknown"
+    assert exact_size_label(1_000_000.0) == "1,000,000 B files" and exact_size_label(float("nan")) == "size unknown"
 
 
 def _findings(*runs):

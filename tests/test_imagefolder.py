@@ -191,8 +191,8 @@ def test_every_decoder_gives_the_same_picture_and_the_reduced_one_decodes_big_jp
 
 
 def test_decode_on_device_gives_each_batch_the_pictures_and_targets_the_cpu_decoder_gives(tmp_path):
-    """Workers hand over JPEG bytes; DecodeOnDevice decodes each batch in one call and crops and resizes it in
-    one more (here on the CPU: the code a CUDA runtime runs with device='cuda', nvJPEG then). With the whole
+    """Workers hand over JPEG bytes; DecodeOnDevice decodes each batch in one call, then crops and resizes each
+    image (here on the CPU: the code a CUDA runtime runs with device='cuda', nvJPEG then). With the whole
     image as the crop, every picture matches torchvision's CPU decode and antialiased resize to a few levels,
     in the DataLoader's order, with its target, under fork and spawn; a flip mirrors it exactly."""
     from torchvision.transforms import v2

@@ -19,7 +19,7 @@ from typing import Any
 from dataferry.course import post_quote
 from dataferry.timing import load_results, size_text
 
-__all__ = ["LEAD", "LOCAL_COPY", "SETTING", "Findings", "label_epochs", "pool", "size_label"]
+__all__ = ["LEAD", "LOCAL_COPY", "SETTING", "Findings", "exact_size_label", "label_epochs", "pool"]
 
 #: Ways of reading whose re-reads read a copy on local disk.
 LOCAL_COPY = {"local", "dataferry", "api-serial", "api-parallel", "gcsfuse-cache"}
@@ -68,7 +68,7 @@ def usable_epochs(rows: Any) -> Any:
     return rows[ok.fillna(False)]
 
 
-def size_label(mean_bytes: float) -> str:
+def exact_size_label(mean_bytes: float) -> str:
     """The mean file size, exact to the byte: a round binary size by its name, any other in bytes."""
     import math
 
@@ -80,7 +80,7 @@ def size_label(mean_bytes: float) -> str:
 
 def label_epochs(rows: Any) -> Any:
     """The usable epoch rows of ``rows`` with their setting's columns: ``kind`` (first read or repeat),
-    ``files`` (the run's file count, from its ``file`` label) and ``size`` (:func:`size_label` of the mean)."""
+    ``files`` (the run's file count, from its ``file`` label) and ``size`` (:func:`exact_size_label` of the mean)."""
     import numpy as np
 
     ep = usable_epochs(rows)
@@ -88,7 +88,7 @@ def label_epochs(rows: Any) -> Any:
         return ep
     n_files = ep["file"].str.extract(r"\((\d+) files\)")[0].astype(float)
     return ep.assign(kind=np.where(ep["pass"] == 1, "first read", "repeat"), files=n_files.fillna(0).astype(int),
-                     size=(ep["bytes"].astype(float) / n_files).map(size_label))
+                     size=(ep["bytes"].astype(float) / n_files).map(exact_size_label))
 
 
 def _leader(medians: Any) -> tuple[Any, Any]:
@@ -178,21 +178,20 @@ class Findings:
             per_region = per_region.droplevel(levels)
             if len(per_region) < 2:
                 continue
-            known = {r: self.distance(r) for r in per_region.index}
-            if all(d is not None for d in known.values()):  # lab profiles: nearest against farthest, as lesson 07 does
-                near = min(known, key=lambda r: known[r] or 0.0)
-                far = max(known, key=lambda r: known[r] or 0.0)
+            known = {r: d for r in per_region.index if (d := self.distance(r)) is not None}
+            if len(known) == len(per_region):  # lab profiles: nearest against farthest, as lesson 07 does
+                near, far = min(known, key=known.__getitem__), max(known, key=known.__getitem__)
             else:  # real regions: no distance is known, so the fastest against the slowest
                 near, far = per_region.idxmax(), per_region.idxmin()
-            ratios[key] = (per_region[near] / per_region[far], near, far)
-        for (lesson, files, size, runtime, m), (r, near, far) in ratios.items():
-            far_away = self.distance(near) is not None and self.distance(far) is not None and not 1 / 1.1 < r < 1.1
+            ratios[key] = (per_region[near] / per_region[far], near, far, len(known) == len(per_region))
+        for (lesson, files, size, runtime, m), (r, near, far, both_known) in ratios.items():
+            far_away = both_known and not 1 / 1.1 < r < 1.1
             say(f"   - {m} in {lesson}, {files} files ({size}), {runtime}: first read {r:.2f}x as fast in {near} as in {far}"
                 + (f" ({'slower' if r > 1 else 'faster'} far away)." if far_away else "."))
         # A lab profile is an input we chose, so only ratios between two real regions are compared with the post.
         cloud = {k: v for k, v in ratios.items() if not (v[1].startswith("lab:") or v[2].startswith("lab:"))}
         if cloud:
-            inside = sum(2 <= r <= 10 for r, _, _ in cloud.values())
+            inside = sum(2 <= r <= 10 for r, *_ in cloud.values())
             say(f"     Between real regions, {inside} of {len(cloud)} comparisons fell within the post's range: " + (
                 "it held for every way of reading measured." if inside == len(cloud) else
                 "it held for none of them." if inside == 0 else "how much region matters depends on the way of reading."))
@@ -278,8 +277,9 @@ class Findings:
             copies = a[[m for m in a.index if m in LOCAL_COPY]]
             if remote.empty:
                 continue
-            if _leader(remote)[0]:  # a fastest only where it led the next by LEAD (one way of reading names none)
-                best_first[setting] = _leader(remote)[0]
+            lead = _leader(remote)[0]
+            if lead:  # a fastest only where it led the next by LEAD (one way of reading names none)
+                best_first[setting] = lead
             if not copies.empty:
                 bound.append(copies.median() / remote.max() >= 3)
             if "gcsfuse" in a.index and not copies.empty:

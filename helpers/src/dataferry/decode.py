@@ -13,8 +13,8 @@ Random crops and flips then run on the tensor (cheap), not on the JPEG.
 
 With a GPU, the decoding can leave the CPU altogether: workers hand over the JPEG's bytes
 (:func:`encoded`, batched by :func:`collate_encoded`) and :class:`DecodeOnDevice` decodes each batch in
-one call on the GPU (``torchvision.io.decode_jpeg``, nvJPEG) and crops, resizes and flips the whole batch
-there in one more.
+one call on the GPU (``torchvision.io.decode_jpeg``, nvJPEG), then crops, resizes and flips each image
+there.
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ def collate_encoded(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
     return torch.cat(images), torch.tensor([len(i) for i in images]), torch.as_tensor(targets)
 
 
+def _check_crop(scale: tuple[float, float], ratio: tuple[float, float], tries: int = 1) -> None:
+    if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1] and tries >= 1):
+        raise BadArgument(f"scale={scale!r}, ratio={ratio!r}, tries={tries!r}: give 0 < scale low <= high <= 1, "
+                          "0 < ratio low <= high and tries >= 1")
+
+
 def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), tries: int = 10) -> Any:
     """``RandomResizedCrop``'s boxes for a whole batch at once: ``sizes`` is an ``N x 2`` tensor of (width,
@@ -98,9 +104,7 @@ def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
 
     import torch
 
-    if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1] and tries >= 1):
-        raise BadArgument(f"scale={scale!r}, ratio={ratio!r}, tries={tries!r}: give 0 < scale low <= high <= 1, "
-                          "0 < ratio low <= high and tries >= 1")
+    _check_crop(scale, ratio, tries)
     w, h = sizes[:, :1].double(), sizes[:, 1:].double()
     n = len(sizes)
     area = w * h * torch.empty(n, tries, dtype=torch.float64).uniform_(*scale)
@@ -138,8 +142,7 @@ class DecodeOnDevice:
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True) -> None:
         if type(size) is not int or not 16 <= size <= 4096:
             raise BadArgument(f"size={size!r}: give the crop's side in pixels, 16 to 4096 (e.g. 224)")
-        if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1]):
-            raise BadArgument(f"scale={scale!r}, ratio={ratio!r}: give 0 < scale low <= high <= 1 and 0 < ratio low <= high")
+        _check_crop(scale, ratio)
         import torch
 
         self.loader, self.size, self.device = loader, size, torch.device(device)

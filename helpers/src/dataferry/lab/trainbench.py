@@ -32,7 +32,7 @@ from dataferry.decode import DECODERS, encoded
 from dataferry.lab.core import Lab
 from dataferry.lab.flowers import plan_flowers
 
-__all__ = ["bench_train", "cold_epoch_vs_plain_read", "mounted_prefetch_gain"]
+__all__ = ["bench_train", "cold_epoch_vs_plain_read", "mounted_epoch_rates"]
 
 DECODED_SIZE = 256
 
@@ -128,7 +128,7 @@ def cold_epoch_vs_plain_read(blobs: list[bytes], work: Path, width: int, compute
     return plain_rates, cold_rates
 
 
-def mounted_prefetch_gain(lab: Lab, blobs: list[bytes], work: Path, width: int, compute: Any, *, files: int = 300,
+def mounted_epoch_rates(lab: Lab, blobs: list[bytes], work: Path, width: int, compute: Any, *, files: int = 300,
                           repeats: int = 3, batch: int = 32, say: Callable[[str], None] = print) -> tuple[list[float], list[float]]:
     """Epoch 1 through the cache from a gcsfuse mount of a lab bucket, with the prefetching sampler and
     without it, ``width`` workers; each run reads ``files`` objects no earlier run read (gcsfuse keeps what
@@ -226,7 +226,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
             blobs = [data for _, data in flowers.objects()]
             plain_rates, cold_rates = cold_epoch_vs_plain_read(blobs, work, width, compute, files=plain_files,
                                                                repeats=repeats, batch=batch, say=say)
-            ahead_rates, alone_rates = mounted_prefetch_gain(lab, blobs, work, width, compute,
+            ahead_rates, alone_rates = mounted_epoch_rates(lab, blobs, work, width, compute,
                                                              files=min(plain_files, 600), repeats=repeats, batch=batch,
                                                              say=say)
 

@@ -102,7 +102,8 @@ class EntryTable(Sequence[Entry]):
 
 @runtime_checkable
 class Source(Protocol):
-    """What the cache needs from a place where bytes live."""
+    """What the cache needs from a place where bytes live. A source may also say ``remote`` (False for a
+    folder on local disk: see :func:`reads_wait_on_network`)."""
 
     uri: str
 
@@ -116,6 +117,12 @@ class Source(Protocol):
         """Write the bytes of ``entry`` from offset ``start`` to ``out``; return how many were written.
         ``timeout`` bounds each network wait (connecting, and each gap between bytes: a stall).
         Raises :class:`ChangedAtSource` when that version is gone."""
+
+
+def reads_wait_on_network(source: Source) -> bool:
+    """Whether a read of ``source`` can wait on the network: a source says so with ``remote`` (a folder on
+    local disk says False, a Drive or gcsfuse mount True); one that does not say is taken to (a bucket)."""
+    return bool(getattr(source, "remote", True))
 
 
 def fetches_async(source: Source) -> bool:

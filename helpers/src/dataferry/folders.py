@@ -91,12 +91,16 @@ def read_files(paths: Iterable[str | os.PathLike[str]], width: int = 1) -> ReadP
     return ReadPass(len(paths), n, time.perf_counter() - t0)
 
 
+def _check_archive(archive: str | os.PathLike[str]) -> None:
+    if not Path(archive).is_file():
+        raise BadArgument(f"{archive}: no such archive; give the path of a .zip or .tar file")
+
+
 def extract(archive: str | os.PathLike[str], into: str | os.PathLike[str]) -> list[Path]:
     """Unpack a ``.zip`` or a tar into ``into``; return the files it held. A member that would land
     outside ``into`` (``../``, an absolute path, a link out) is refused, as tarfile's ``data`` filter does."""
     into, name = Path(into), str(archive)
-    if not Path(archive).is_file():
-        raise BadArgument(f"{archive}: no such archive; give the path of a .zip or .tar file")
+    _check_archive(archive)
 
     def inside(member: str) -> None:
         if not (into / member).resolve().is_relative_to(into.resolve()):
@@ -132,8 +136,7 @@ def copy_extract_read(archive: str | os.PathLike[str], work: str | os.PathLike[s
     three, less the eviction), ``local_bytes`` (archive and files, the peak disk use), ``copy_bytes`` and
     the read's ``read_cache_state``."""
     work = Path(work)
-    if not Path(archive).is_file():
-        raise BadArgument(f"{archive}: no such archive; give the path of a .zip or .tar file")
+    _check_archive(archive)
     if not work.is_dir():
         raise BadArgument(f"{work}: not a folder; copy_extract_read copies the archive into an existing folder")
     if Path(archive).resolve().parent == work.resolve():

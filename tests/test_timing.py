@@ -102,7 +102,11 @@ def test_load_results_pools_runs_and_refuses_other_schemas(tmp_path):
     for name in ("a", "b"):
         with Results(tmp_path / name) as r:
             r.add(**_row(0))
-    assert load_results(tmp_path)["run_id"].nunique() == 2
+    pooled = load_results(tmp_path)
+    assert pooled["run_id"].nunique() == 2
+    one = pooled["run_id"].iloc[1]
+    only = load_results(tmp_path, run_id=one)
+    assert only["run_id"].tolist() == [one] and only.index.tolist() == [0]
     meta = tmp_path / "b" / "run_meta.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "schema_version": 99}))
     with pytest.raises(ValueError, match="schema version 99"):

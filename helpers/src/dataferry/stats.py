@@ -23,6 +23,7 @@ __all__ = [
     "Summary",
     "bootstrap_median_ci",
     "epoch_throughput",
+    "error_mask",
     "speedup",
     "summarize",
     "summarize_frame",
@@ -163,7 +164,7 @@ def summarize(
     )
 
 
-def _error_mask(rows: pd.DataFrame) -> pd.Series:
+def error_mask(rows: pd.DataFrame) -> pd.Series:
     """True for rows whose ``error`` column is non-empty (all False when there is no such column)."""
     if "error" not in rows.columns:
         return pd.Series(False, index=rows.index)
@@ -194,7 +195,7 @@ def summarize_frame(
     row, with ``n`` 0 and NaN statistics. Columns: ``by`` + n, median, q1, q3, iqr, p5, p95, min,
     max, ci_low, ci_high, errors. Every group is bootstrapped with the same ``seed``.
     """
-    errors = _error_mask(rows)
+    errors = error_mask(rows)
     records = []
     for key, group in _groups(rows, by):
         bad = errors.loc[group.index]

@@ -253,9 +253,10 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]):
+def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str], run_id: str | None = None):
     """Merge result files into one DataFrame: each path is a ``results.csv``, or a folder searched
-    for them. Rows keep their ``run_id``; a run whose metadata has another schema version is refused."""
+    for them. Rows keep their ``run_id``; a run whose metadata has another schema version is refused.
+    With ``run_id``, only that run's rows (a results file holds every run written to its folder)."""
     import pandas as pd
 
     if isinstance(paths, (str, os.PathLike)):
@@ -279,7 +280,8 @@ def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
                 raise BadArgument(f"{f}: schema version {version}, this dataferry reads {_READABLE_VERSIONS}")
         try:
             frame = pd.read_csv(f, keep_default_na=False, dtype={"error": str, "file": str, "bucket_location": str,
-                                                                 "bound_by": str, "compute_profile": str})
+                                                                 "bound_by": str, "compute_profile": str,
+                                                                 "run_id": str})
         except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError):
             frame = None
         if frame is None or not {"run_id", "method", "phase"} <= set(frame.columns):
@@ -293,7 +295,13 @@ def load_results(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
         rows[col] = pd.to_numeric(rows[col], errors="coerce").astype("Int64")
     for col in ("MBps", "au"):
         rows[col] = pd.to_numeric(rows[col], errors="coerce")
-    return rows
+    if run_id is None:
+        return rows
+    picked = rows[rows["run_id"] == str(run_id)].reset_index(drop=True)
+    if picked.empty:
+        raise BadArgument(f"no rows of run {run_id!r} in {', '.join(map(str, files))}; its runs: "
+                          f"{', '.join(rows['run_id'].unique()[:5])}")
+    return picked
 
 
 def residency_state(paths: Iterable[str | os.PathLike[str]]) -> str:

@@ -7,12 +7,14 @@ this package never imports the lab.
 
 - :mod:`~dataferry.bench.methods`: :class:`Target` and :func:`compare_methods`;
 - :mod:`~dataferry.bench.source`: :func:`source_target`, :func:`bench_source`, :func:`measure`;
-- :mod:`~dataferry.bench.report`: :func:`summary`, :func:`summary_table`.
+- :mod:`~dataferry.bench.report`: :func:`summary`, :func:`summary_table`, :func:`say_failures`;
+- :mod:`~dataferry.bench.ways`: :func:`interleave` (any ways, timed side by side in shuffled rounds), :func:`medians`.
 """
 
 from dataferry.bench.methods import KNOWN_METHODS, LAB_METHODS, PARALLEL_WORKERS, Target, check_methods, compare_methods
-from dataferry.bench.report import summary, summary_table
+from dataferry.bench.report import say_failures, summary, summary_table
 from dataferry.bench.source import bench_source, measure, source_target
+from dataferry.bench.ways import Turn, interleave, medians
 
 __all__ = ["compare_methods", "check_methods", "KNOWN_METHODS", "measure", "source_target", "bench_source", "Target", "LAB_METHODS",
-           "PARALLEL_WORKERS", "summary", "summary_table"]
+           "PARALLEL_WORKERS", "summary", "summary_table", "say_failures", "interleave", "medians", "Turn"]

@@ -10,7 +10,7 @@ from typing import Any
 from dataferry.bench.methods import Target
 from dataferry.timing import Results, size_text
 
-__all__ = ["summary", "summary_table"]
+__all__ = ["summary", "summary_table", "say_failures"]
 
 
 def _setting(epochs: Any) -> list[str]:
@@ -19,6 +19,18 @@ def _setting(epochs: Any) -> list[str]:
     the rows hold more than one) and the file size."""
     runtimes = ["runtime"] if "runtime" in epochs.columns and epochs["runtime"].nunique() > 1 else []
     return (["lesson"] if "lesson" in epochs.columns else []) + ["files", "region", *runtimes]
+
+
+def say_failures(rows: Any, say: Callable[[str], None] = print) -> None:
+    """Say how many rows failed and the first one's error; nothing when none did (or the rows have no
+    ``error`` column). Failed rows never count as fast or slow measurements: :func:`summary` and the
+    figures leave them out, and this says so."""
+    if "error" not in rows.columns:
+        return
+    failed = rows[rows["error"].fillna("").astype(str) != ""]
+    if len(failed):
+        say(f"{len(failed)} of {len(rows)} rows failed and are left out of the medians and figures, e.g.: "
+            f"{failed['error'].iloc[0][:300]}")
 
 
 def summary(rows: Any) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import statistics
@@ -165,18 +164,18 @@ def first_epoch(lab: Any, method: str, bucket: str, prefix: str, work: Path) -> 
 def first_epochs(lab: Any, bucket: str, prefix: str, work: Path, methods: tuple[str, ...], repeats: int,
                  seed: int, say: Callable[[str], None] = print) -> dict[str, list[dict[str, Any]]]:
     """``repeats`` cold first epochs of every method, interleaved in a shuffled order per repetition."""
-    rng = random.Random(seed)
+    from dataferry.bench.ways import interleave  # pandas: not for the child process that runs one method
+
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    for rep in range(repeats):
-        order = list(methods)
-        rng.shuffle(order)
-        for method in order:
-            run = first_epoch(lab, method, bucket, prefix, work / method)
-            runs[method].append(run)
-            say(f"    {rep + 1}/{repeats} {method:26s} {run['seconds']:6.2f} s  "
-                f"{run['bytes'] / run['seconds'] / 1e6:7.1f} MB/s  CPU {run['cpu_s']:5.2f} s "
-                f"(machine {run['machine_cpu_s']:5.2f} s)  "
-                f"peak RSS {run['peak_rss_mib']:.0f} MiB")
+
+    def run(turn: Any) -> None:
+        done = first_epoch(lab, turn.way, bucket, prefix, work / turn.way)
+        runs[turn.way].append(done)
+        say(f"    {turn.repeat}/{repeats} {turn.way:26s} {done['seconds']:6.2f} s  "
+            f"{done['bytes'] / done['seconds'] / 1e6:7.1f} MB/s  CPU {done['cpu_s']:5.2f} s "
+            f"(machine {done['machine_cpu_s']:5.2f} s)  peak RSS {done['peak_rss_mib']:.0f} MiB")
+
+    interleave(dict.fromkeys(methods, run), repeats, seed)
     return runs
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import random
 import shutil
 import statistics
 import subprocess
@@ -139,9 +138,10 @@ def shard_epochs(lab: Lab, bucket: str, files: str, shards: str, work: Path, *, 
                  methods: Sequence[str] = METHODS, workers: int = 2, batch: int = 64, shuffle: int = 1000,
                  seed: int = 0, repeats: int = 1,
                  say: Callable[[str], None] = print) -> dict[str, list[dict[str, Any]]]:
-    """``epochs`` epochs of each method, each in a fresh process with an empty cache of ``budget`` bytes,
-    methods in a shuffled order, ``repeats`` times (repeat ``r`` shuffles with ``seed + r``); the same samples
-    as files under ``files`` and as shards under ``shards``. Every epoch's row names its ``repeat``."""
+    """``epochs`` epochs of each method, each in a fresh process with an empty cache of ``budget`` bytes, in
+    ``repeats`` rounds of the methods in a shuffled order (:func:`~dataferry.bench.ways.interleave`); the same
+    samples as files under ``files`` and as shards under ``shards``. Every epoch's row names its ``repeat``."""
+    from dataferry.bench.ways import interleave  # pandas: not for the child process that runs one method
     from dataferry.errors import BadArgument
     from dataferry.sources import GCSSource
 
@@ -153,13 +153,13 @@ def shard_epochs(lab: Lab, bucket: str, files: str, shards: str, work: Path, *, 
     sizes = {p + e.name: e.size for p, entries in listed.items() for e in entries}
     shard_names = sorted(e.name for e in listed[shards] if e.name.endswith(".tar"))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    for repeat in range(1, repeats + 1):
-        order = list(methods)
-        random.Random(seed + repeat - 1).shuffle(order)
-        for method in order:
-            runs[method] += [{"repeat": repeat, **e} for e in _one_run(lab, method, work, bucket, files, shards, sizes,
-                                                                        shard_names, budget, epochs, workers, batch,
-                                                                        shuffle, seed + repeat - 1, say)]
+
+    def run(turn: Any) -> None:
+        runs[turn.way] += [{"repeat": turn.repeat, **e} for e in _one_run(
+            lab, turn.way, work, bucket, files, shards, sizes, shard_names, budget, epochs, workers, batch, shuffle,
+            seed + turn.repeat - 1, say)]
+
+    interleave(dict.fromkeys(methods, run), repeats, seed)
     return runs
 
 

@@ -223,8 +223,7 @@ def run_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], targe
                     compare_au(target, results, methods, c, region=region, runtime_kind=runtime.kind,
                                epochs=epochs, repeats=repeats, batch_size=batch_size, workers=workers, seed=seed,
                                work=work, progress=bar)
-    rows = load_results(results.csv_path)
-    rows = rows[rows["run_id"] == results.run_id]
+    rows = load_results(results.csv_path, run_id=results.run_id)
     table = au_table(rows)
     needs = [{"compute_profile": c.name, "needs_MBps": c.needs_MBps(target.mean_file_bytes), "source": c.source}
              for c in computes]

@@ -93,8 +93,7 @@ def write_summary(results: Results, out: Path, json_path: Path, say: Callable[[s
     from dataferry.timing import load_results
 
     results.close()
-    rows = load_results(results.csv_path)
-    rows = rows[rows["run_id"] == results.run_id]  # this run only, even in a folder that holds others
+    rows = load_results(results.csv_path, run_id=results.run_id)  # this run only, in a folder that holds others
     result = {"run_id": results.run_id, "results": str(results.csv_path), **summary(rows), **(extra or {})}
     figures = standard_figures(rows, out / "figures")
     result["figures"] = {k: [str(p) for p in v] for k, v in figures.items()}

@@ -105,5 +105,4 @@ def measure(target: Target, methods: Sequence[str], out: str | os.PathLike[str],
         with progress_bar(total=repeats * len(methods) * passes, desc="measuring", unit="pass") as bar:
             compare_methods(target, results, methods, region=region, runtime_kind=runtime.kind, passes=passes,
                             repeats=repeats, seed=seed, progress=bar)
-    rows = load_results(results.csv_path)
-    return rows[rows["run_id"] == results.run_id].reset_index(drop=True)
+    return load_results(results.csv_path, run_id=results.run_id)

@@ -235,6 +235,14 @@ def _decode(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data[:8]), dtype=torch.uint8)
 
 
+def _say_where_a_stuck_worker_waits(_: int) -> None:
+    """A worker that has not finished in 100 s writes every thread's stack to stderr (pytest shows it with
+    the failure): a fork-inherited lock would show here. Once, in the whole suite, a forked worker hung."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(100)
+
+
 @pytest.mark.parametrize("start", ["fork", "spawn"])
 @pytest.mark.parametrize("with_client", [False, True], ids=["default-client", "given-client"])
 def test_dataloader_workers_fork_and_spawn(lab, dataset, tmp_path, start, with_client):
@@ -246,7 +254,8 @@ def test_dataloader_workers_fork_and_spawn(lab, dataset, tmp_path, start, with_c
     assert copy.source._client is None, "no live client crosses a pickle: the worker makes its own"
     assert copy.cache._index._writer is None and copy.cache.stats().hits == 0, "nor the cache's thread or counters"
     assert torch.equal(copy[0], _decode(ds.content(copy.entries[0].name))), "and the copy reads on its own"
-    loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=start)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=start, timeout=120,
+                        worker_init_fn=_say_where_a_stuck_worker_waits)
     batches = list(loader)
     got = torch.cat(batches)
     want = torch.stack([_decode(ds.content(e.name)) for e in dataset.entries])

@@ -25,9 +25,9 @@ def say_failures(rows: Any, say: Callable[[str], None] = print) -> None:
     """Say how many rows failed and the first one's error; nothing when none did (or the rows have no
     ``error`` column). Failed rows never count as fast or slow measurements: :func:`summary` and the
     figures leave them out, and this says so."""
-    if "error" not in rows.columns:
-        return
-    failed = rows[rows["error"].fillna("").astype(str) != ""]
+    from dataferry.stats import error_mask
+
+    failed = rows[error_mask(rows)]
     if len(failed):
         say(f"{len(failed)} of {len(rows)} rows failed and are left out of the medians and figures, e.g.: "
             f"{failed['error'].iloc[0][:300]}")

@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from dataferry.errors import BadArgument
-from dataferry.plots.figures import log_axis
+from dataferry.plots.figures import _finish, log_axis
 from dataferry.plots.settings import LAB_NOTE
 from dataferry.stats import error_mask
 
@@ -69,8 +69,7 @@ def medians_and_dots(ax: Axes, rows: pd.DataFrame, value: str, by: str = "way", 
 
 
 def finish(fig: Figure, lab: bool = False) -> Figure:
-    """A tight layout; for the offline lab's figures, the footnote that they are not cloud measurements."""
-    if lab:
-        fig.text(0.01, 0.01, LAB_NOTE, fontsize=8, style="italic", color="0.25")
-    fig.tight_layout(rect=(0, 0.04 if lab else 0, 1, 1))
+    """A tight layout; for the offline lab's figures, the footnote that they are not cloud measurements
+    (the standard figures' own footnote, laid out as they lay it out)."""
+    _finish(fig, [LAB_NOTE] if lab else [], fig.axes, own=True)
     return fig

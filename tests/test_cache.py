@@ -345,7 +345,7 @@ def test_hostile_names_in_a_local_source(tmp_path):
     (root / "sub" / "日本語.bin").write_bytes(b"two")
     (root / ("y" * 255)).write_bytes(b"three")
     (root / "link").symlink_to(secret)
-    source = LocalSource(root)
+    source = LocalSource(root, follow_links=False)  # a folder not trusted: links neither listed nor read
     cache = Cache(tmp_path / "cache")
     assert cache.read(source, "ctl\x01name") == b"one"
     assert cache.read(source, "sub/日本語.bin") == b"two"

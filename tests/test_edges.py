@@ -712,7 +712,7 @@ def test_a_folder_swapped_for_a_link_between_check_and_open_cannot_lead_outside(
     (root / "sub" / "x.bin").write_bytes(b"inside")
     outside.mkdir()
     (outside / "x.bin").write_bytes(b"SECRET")
-    source = LocalSource(root)
+    source = LocalSource(root, follow_links=False)
     entry = source.stat("sub/x.bin")
     real = os.path.realpath
 

@@ -19,7 +19,8 @@ from torch.utils.data import Dataset, Sampler
 
 from dataferry.cache import Cache
 from dataferry.decode import DecodedImages, pil_loader, pixels
-from dataferry.sources import ChangedAtSource, Entry, EntryTable, NotFoundAtSource, Source, reads_wait_on_network
+from dataferry.sources import (ChangedAtSource, Entry, EntryTable, NotFoundAtSource, Source, reads_wait_on_network,
+                               top_folders)
 from dataferry.stage import Prefetcher
 
 __all__ = ["CachedDataset", "CachedImageFolder", "PrefetchingSampler", "SourceDataset", "IMG_EXTENSIONS", "pil_loader"]
@@ -146,25 +147,28 @@ class CachedImageFolder(CachedDataset):
         super().__init__(source, cache)
 
     def refresh(self) -> None:
-        """List the source again: classes, samples and targets follow what it holds now. As ImageFolder:
-        the classes are every folder at the top (whatever ``is_valid_file`` keeps, so two datasets over one
-        source number them alike), samples go class by class, and within one, folder by folder; a class
-        with no valid file is an error unless ``allow_empty``."""
+        """List the source again: classes, samples and targets follow what it holds now. Exactly as ImageFolder:
+        the classes are every folder at the top, empty and hidden ones included (a Jupyter
+        ``.ipynb_checkpoints`` too), whatever ``is_valid_file`` keeps, so two datasets over one source number
+        them alike; samples go class by class, and within one, folder by folder, through links; no class folder
+        at all is an error, and so is a class with no valid file unless ``allow_empty``."""
         valid = self.is_valid_file or (lambda name: name.lower().endswith(IMG_EXTENSIONS))
-        foldered = [e for e in self.source.list() if "/" in e.name]
-        self.classes = sorted({e.name.split("/", 1)[0] for e in foldered})
+        listed_all = list(self.source.list())
+        self.classes = top_folders(self.source, listed_all)
+        if not self.classes:
+            raise NotFoundAtSource(f"no valid image in any class folder under {self.source.uri}: it has no folder at "
+                                   "the top, and ImageFolder reads <class>/<file>.jpg (check the path or prefix)")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
         def order(e: Entry) -> tuple[str, str, str]:
             folder, _, file = e.name.rpartition("/")
             return e.name.split("/", 1)[0], folder, file
 
-        listed = sorted((e for e in foldered if valid(e.name)), key=order)
+        listed = sorted((e for e in listed_all if "/" in e.name and e.name.split("/", 1)[0] in self.class_to_idx
+                         and valid(e.name)), key=order)
         empty = set(self.classes) - {e.name.split("/", 1)[0] for e in listed}
-        if (empty or not listed) and not self.allow_empty:
-            which = f"for the classes {', '.join(sorted(empty))}" if empty and listed else "in any class folder"
-            raise NotFoundAtSource(f"no valid image {which} under {self.source.uri}: ImageFolder reads "
-                                   "<class>/<file>.jpg (check the path or prefix, pass is_valid_file, or allow_empty=True)")
+        if empty and not self.allow_empty:
+            raise NotFoundAtSource(_no_valid_file(self.source.uri, sorted(empty), listed))
         self.entries = EntryTable(listed)
         self.targets = [self.class_to_idx[e.name.split("/", 1)[0]] for e in listed]
         #: ``(object name, class index)`` of every image, as ImageFolder's ``samples`` (names, not paths).
@@ -187,6 +191,21 @@ class CachedImageFolder(CachedDataset):
     def __repr__(self) -> str:
         return (f"<CachedImageFolder {len(self)} images in {len(self.classes)} classes from {self.source!r} "
                 f"via {self.cache.root}>")
+
+
+def _no_valid_file(uri: str, empty: list[str], listed: list[Entry]) -> str:
+    """What to do about class folders with no valid file (ImageFolder refuses them, as do we)."""
+    hidden = [c for c in empty if c.startswith(".")]
+    what = (f"no valid image in any class folder under {uri}" if not listed
+            else f"no valid image for the classes {', '.join(empty)} under {uri}")
+    advice = ("ImageFolder reads <class>/<file>.jpg and numbers every folder at the top as a class: check the path "
+              "or prefix, pass is_valid_file, or allow_empty=True")
+    if hidden:
+        advice = (f"{', '.join(hidden)} {'is a hidden folder' if len(hidden) == 1 else 'are hidden folders'} "
+                  "(Jupyter makes .ipynb_checkpoints) that ImageFolder counts as a class: delete "
+                  f"{'it' if len(hidden) == 1 else 'them'}, or pass allow_empty=True (the class numbers then "
+                  "include it, as torchvision's do)")
+    return f"{what}: {advice}"
 
 
 class SourceDataset(Dataset):

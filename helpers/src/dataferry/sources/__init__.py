@@ -20,14 +20,14 @@ from typing import Any
 
 from dataferry.sources.base import (DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, EntryTable, NoCredentials,
                                     NotFoundAtSource, Source, SourceError, fetches_async, reads_wait_on_network,
-                                    safe_name, where)
+                                    safe_name, top_folders, where)
 from dataferry.sources.beneath import open_beneath
 from dataferry.sources.gcs import GCSSource
 from dataferry.sources.local import LocalSource
 from dataferry.sources.retries import Attempts, is_transient, retry_policy, retry_policy_async
 
 __all__ = ["Entry", "EntryTable", "Source", "LocalSource", "GCSSource", "from_uri", "SourceError", "NotFoundAtSource",
-           "NoCredentials", "ChangedAtSource", "fetches_async", "reads_wait_on_network", "is_transient", "retry_policy", "retry_policy_async", "Attempts", "safe_name", "where",
+           "NoCredentials", "ChangedAtSource", "fetches_async", "reads_wait_on_network", "is_transient", "retry_policy", "retry_policy_async", "Attempts", "safe_name", "top_folders", "where",
            "open_beneath", "DEFAULT_RETRY_DEADLINE_S"]
 
 

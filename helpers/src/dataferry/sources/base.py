@@ -13,7 +13,7 @@ from dataferry.errors import DataferryError
 
 __all__ = ["Entry", "EntryTable", "Source", "SourceError", "NotFoundAtSource", "NoCredentials", "ChangedAtSource",
            "fetches_async",
-           "safe_name", "where", "CHUNK", "DEFAULT_RETRY_DEADLINE_S"]
+           "top_folders", "safe_name", "where", "CHUNK", "DEFAULT_RETRY_DEADLINE_S"]
 
 CHUNK = 1 << 20
 DEFAULT_RETRY_DEADLINE_S = 120.0
@@ -103,7 +103,8 @@ class EntryTable(Sequence[Entry]):
 @runtime_checkable
 class Source(Protocol):
     """What the cache needs from a place where bytes live. A source may also say ``remote`` (False for a
-    folder on local disk: see :func:`reads_wait_on_network`)."""
+    folder on local disk: see :func:`reads_wait_on_network`), and list its ``folders()`` at the top (empty ones
+    included: see :func:`top_folders`)."""
 
     uri: str
 
@@ -123,6 +124,15 @@ def reads_wait_on_network(source: Source) -> bool:
     """Whether a read of ``source`` can wait on the network: a source says so with ``remote`` (a folder on
     local disk says False, a Drive or gcsfuse mount True); one that does not say is taken to (a bucket)."""
     return bool(getattr(source, "remote", True))
+
+
+def top_folders(source: Source, entries: Iterable[Entry]) -> list[str]:
+    """The folders at the top of ``source``, sorted: its own ``folders()`` where it has them (they include empty
+    folders), else the first parts of the ``entries``' names that have a '/'."""
+    folders = getattr(source, "folders", None)
+    if folders is not None:
+        return sorted(folders())
+    return sorted({e.name.split("/", 1)[0] for e in entries if "/" in e.name})
 
 
 def fetches_async(source: Source) -> bool:

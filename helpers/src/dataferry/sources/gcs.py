@@ -81,6 +81,24 @@ class GCSSource:
         except RetryError as e:
             raise attempts.gave_up(f"listing {self.uri}", e.cause) from e.cause
 
+    def folders(self) -> list[str]:
+        """The folders at the top of the prefix, as a gcsfuse mount shows them: every name before a first '/',
+        an empty folder's placeholder object (``bird/``, as the Cloud console makes) included."""
+        from google.api_core.exceptions import NotFound, RetryError
+
+        attempts = Attempts()
+        blobs = self._client_here().list_blobs(self.bucket, prefix=self.prefix or None, delimiter="/", page_size=1000,
+                                               fields="items(name),prefixes,nextPageToken",
+                                               retry=retry_policy(self.retry_deadline_s, attempts))
+        try:
+            for _ in blobs.pages:
+                pass
+        except NotFound:
+            raise self._missing("listing") from None
+        except RetryError as e:
+            raise attempts.gave_up(f"listing {self.uri}", e.cause) from e.cause
+        return sorted(p[len(self.prefix):].rstrip("/") for p in blobs.prefixes)
+
     def stat(self, name: str) -> Entry:
         blob = self._bucket().get_blob(self.prefix + name)
         if blob is None:

@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from dataferry.errors import BadArgument
 from dataferry.host import on_network_filesystem
-from dataferry.sources.base import CHUNK, ChangedAtSource, Entry, NotFoundAtSource, where
+from dataferry.sources.base import (CHUNK, ChangedAtSource, Entry, NotFoundAtSource, SourceError, safe_name,
+                                    where)
 from dataferry.sources.beneath import open_beneath
 
 __all__ = ["LocalSource"]
@@ -17,11 +19,22 @@ __all__ = ["LocalSource"]
 
 class LocalSource:
     """A folder: local disk, a Google Drive mount, a gcsfuse mount. Names are '/'-separated paths
-    relative to ``root``, opened so that no link can lead outside ``root`` (:func:`open_beneath`)."""
+    relative to ``root``; a name never leads outside it by ``..`` or an absolute path (:func:`safe_name`).
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    Links in the folder are followed, as ``os.walk(followlinks=True)`` and torchvision's ``ImageFolder`` follow
+    them: a linked file or folder is listed and read like any other (each linked folder once per path, never
+    round a loop; a link to nothing is left out). ``follow_links=False`` is for a folder you do not trust (a
+    mounted public bucket): links are then neither listed nor read, and no link, however it is swapped in
+    meanwhile, leads a read outside ``root`` (:func:`open_beneath`)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, follow_links: bool = True) -> None:
+        if isinstance(root, str) and not root.strip():
+            raise BadArgument("LocalSource(''): give a folder (an empty path would read the current folder)")
+        if type(follow_links) is not bool:
+            raise BadArgument(f"follow_links={follow_links!r}: give True or False")
         self.root = Path(root).absolute()
         self.uri = self.root.as_uri()
+        self.follow_links = follow_links
 
     @property
     def remote(self) -> bool:
@@ -30,27 +43,59 @@ class LocalSource:
 
     def _open(self, name: str) -> int:
         try:
-            return open_beneath(self.root, name)
+            if not self.follow_links:
+                return open_beneath(self.root, name)
+            safe_name(name)
+            return os.open(self.root / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block us
         except FileNotFoundError:
             raise NotFoundAtSource(f"{where(self, name)} not found") from None
+        except IsADirectoryError:
+            raise NotFoundAtSource(f"{where(self, name)} is a folder, not a file: list the source again") from None
+        except ValueError as e:
+            raise BadArgument(str(e)) from None
 
     @staticmethod
     def _entry(name: str, st: os.stat_result) -> Entry:
         return Entry(name, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}-{st.st_ctime_ns}")
 
     def list(self) -> Iterator[Entry]:
-        if not self.root.is_dir():
+        follow = self.follow_links
+        try:
+            top = os.stat(self.root)
+        except OSError:
+            top = None
+        if top is None or not statmod.S_ISDIR(top.st_mode):
             raise NotFoundAtSource(f"{self.root} is not a folder: check the path (is the drive mounted?)")
-        stack = [""]
+        stack: list[tuple[str, tuple[tuple[int, int], ...]]] = [("", ((top.st_dev, top.st_ino),))]
         while stack:
-            rel = stack.pop()
-            with os.scandir(self.root / rel if rel else self.root) as it:
+            rel, above = stack.pop()  # above: the folders on the way here, so that a link never leads round a loop
+            try:
+                it = os.scandir(self.root / rel if rel else self.root)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # gone since it was listed
+            except PermissionError:
+                raise SourceError(f"{where(self, rel or '')} cannot be listed (permission denied): its files would be "
+                                  "left out; make it readable, or move it out of the folder") from None
+            with it:
                 for d in it:
                     name = f"{rel}/{d.name}" if rel else d.name
-                    if d.is_dir(follow_symlinks=False):
-                        stack.append(name)
-                    elif d.is_file(follow_symlinks=False):
-                        yield self._entry(name, d.stat(follow_symlinks=False))
+                    try:
+                        if d.is_dir(follow_symlinks=follow):
+                            st = d.stat(follow_symlinks=follow)
+                            if (st.st_dev, st.st_ino) not in above:
+                                stack.append((name, (*above, (st.st_dev, st.st_ino))))
+                        elif d.is_file(follow_symlinks=follow):
+                            yield self._entry(name, d.stat(follow_symlinks=follow))
+                    except FileNotFoundError:  # deleted, or a link to nothing
+                        continue
+
+    def folders(self) -> list[str]:
+        """The folders at the top of the source, empty ones included (through links unless ``follow_links``
+        is False): what ``ImageFolder`` takes for its classes."""
+        if not self.root.is_dir():
+            raise NotFoundAtSource(f"{self.root} is not a folder: check the path (is the drive mounted?)")
+        with os.scandir(self.root) as it:
+            return sorted(d.name for d in it if d.is_dir(follow_symlinks=self.follow_links))
 
     def stat(self, name: str) -> Entry:
         fd = self._open(name)
@@ -79,7 +124,11 @@ class LocalSource:
         return n
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (LocalSource, (self.root,))
+        return (_local_source, (self.root, self.follow_links))
 
     def __repr__(self) -> str:
-        return f"LocalSource({str(self.root)!r})"
+        return f"LocalSource({str(self.root)!r}{'' if self.follow_links else ', follow_links=False'})"
+
+
+def _local_source(root: Path, follow_links: bool) -> LocalSource:
+    return LocalSource(root, follow_links=follow_links)

@@ -328,3 +328,46 @@ def test_a_shard_damaged_at_the_source_is_refused_by_its_indexed_crc32c_never_yi
             given.append(s)
     for s in given:
         assert s["bin"] == ds.content(s["__key__"] + ".bin"), s["__key__"]
+
+
+def _shard_folder(tmp_path):
+    src = tmp_path / "files"
+    for i in range(12):
+        (src / f"{i:02d}").mkdir(parents=True)
+        (src / f"{i:02d}" / "img.bin").write_bytes(os.urandom(3000))
+    made = make_shards(LocalSource(src), tmp_path / "shards", shard_bytes=15_000, progress=False)  # 3 a shard
+    return tmp_path / "shards", made
+
+
+@pytest.mark.parametrize("change", ["truncated at a member", "another valid tar", "not in the index",
+                                    "gone from the source"])
+def test_a_shard_whose_size_changed_since_its_index_is_refused_before_a_sample_is_given(tmp_path, change):
+    """Every listed shard must be in the index in its recorded size (so its recorded CRC32C applies): a shard cut
+    at a member boundary, replaced by another tar, added or deleted since is named, and nothing is yielded."""
+    from dataferry.cache import DamagedAtSource
+
+    folder, made = _shard_folder(tmp_path)
+    victim = folder / made[1].name
+    if change == "truncated at a member":
+        victim.write_bytes(victim.read_bytes()[:512 + 3072])  # its first member, whole
+    elif change == "another valid tar":
+        victim.write_bytes((folder / made[0].name).read_bytes()[:512 + 3072] + b"\0" * 1024)
+    elif change == "not in the index":
+        (folder / "shard-extra.tar").write_bytes((folder / made[0].name).read_bytes())
+    else:
+        victim.unlink()
+    given = []
+    with pytest.raises(DamagedAtSource, match=rf"{INDEX}.*(shard-00001|shard-extra).*remake"):
+        for s in ShardDataset(LocalSource(folder), Cache(tmp_path / "c", min_free_bytes=0), shuffle=0):
+            given.append(s)
+    assert given == []
+    if change != "gone from the source" and change != "not in the index":
+        with pytest.raises(DamagedAtSource, match="shard-00001"):
+            list(ShardDataset(LocalSource(folder), Cache(tmp_path / "c", min_free_bytes=0), shards=[made[1].name]))
+
+
+def test_a_damaged_index_is_one_clear_line(tmp_path):
+    folder, _ = _shard_folder(tmp_path)
+    (folder / INDEX).write_text("{not json")
+    with pytest.raises(ShardFormatError, match=rf"{INDEX}.*(remake|make)"):
+        ShardDataset(LocalSource(folder), Cache(tmp_path / "c", min_free_bytes=0))

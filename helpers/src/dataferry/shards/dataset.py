@@ -67,7 +67,7 @@ class ShardDataset(IterableDataset):
         if not listed:
             raise FileNotFoundError(f"no .tar shards in {getattr(source, 'uri', source)}: check the path, or make "
                                     "them with `dataferry shards make`")
-        listed, self.counts = _from_index(source, listed)
+        listed, self.counts = _from_index(source, listed, every=shards is None)
         self.shards = EntryTable(listed)
         self._biggest = max(e.size for e in listed)
         self.epoch = 0
@@ -143,17 +143,29 @@ class ShardDataset(IterableDataset):
                 f"{self.source!r} via {self.cache.root}, rank {self.rank}/{self.world_size}, epoch {self.epoch}>")
 
 
-def _from_index(source: Source, listed: list[Entry]) -> tuple[list[Entry], list[int] | None]:
-    """The listed shards with the CRC32C their index recorded when they were made (so a shard changed
-    since fails its check when filled and when read, whatever the source says of it now), and the
-    samples per shard if the index has every shard in its listed size."""
+def _from_index(source: Source, listed: list[Entry], every: bool) -> tuple[list[Entry], list[int] | None]:
+    """The listed shards with the CRC32C their index recorded when they were made (so a shard changed since fails
+    its check when filled and when read, whatever the source says of it now), and the samples per shard. With an
+    index, each listed shard must be in it in its recorded size, and (``every``: the shards were listed, not
+    named) every shard it records must be listed: a shard cut short, replaced, added or deleted since is refused
+    here, before a sample is given, rather than read unchecked."""
     index = read_index(source)
     if index is None:
         return listed, None
     known = {s["name"]: s for s in index["shards"]}
-    same = [known[e.name] if e.name in known and known[e.name]["bytes"] == e.size else None for e in listed]
-    checked = [dataclasses.replace(e, crc32c=s["crc32c"]) if s and s.get("crc32c") else e for e, s in zip(listed, same)]
-    return checked, [s["samples"] for s in same] if all(same) else None  # type: ignore[index]
+    changed = [f"{e.name} is not in it" if e.name not in known else
+               f"{e.name} is {e.size} bytes, it recorded {known[e.name]['bytes']}"
+               for e in listed if e.name not in known or known[e.name]["bytes"] != e.size]
+    if every:
+        changed += [f"{name} is gone" for name in sorted(set(known) - {e.name for e in listed})]
+    if changed:
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise DamagedAtSource(f"the shards in {getattr(source, 'uri', source)} no longer match their {INDEX}: "
+                              f"{'; '.join(changed[:3])}{more}. They changed since they were made; nothing was read: "
+                              "remake them with `dataferry shards make`")
+    same = [known[e.name] for e in listed]
+    checked = [dataclasses.replace(e, crc32c=s["crc32c"]) if s.get("crc32c") else e for e, s in zip(listed, same)]
+    return checked, [s["samples"] for s in same]
 
 
 class _WorkerEpoch:

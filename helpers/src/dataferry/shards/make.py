@@ -19,7 +19,7 @@ from dataferry.cache import Cache
 from dataferry.cache.checksum import file_crc
 from dataferry.progress import progress_bar
 from dataferry.shards.tar import ShardFormatError, TarShardWriter, split_name
-from dataferry.sources import Entry, NotFoundAtSource, Source, from_uri
+from dataferry.sources import Entry, NotFoundAtSource, Source, from_uri, where
 
 __all__ = ["SHARD_BYTES", "INDEX", "ShardInfo", "make_shards", "read_index"]
 
@@ -160,4 +160,14 @@ def read_index(source: Source) -> dict[str, Any] | None:
         return None
     buf = io.BytesIO()
     source.fetch(entry, buf)
-    return json.loads(buf.getvalue())
+    try:
+        index = json.loads(buf.getvalue())
+        shards = index["shards"]
+        if not all(isinstance(s["name"], str) and type(s["bytes"]) is int and type(s["samples"]) is int
+                   for s in shards):
+            raise TypeError("a shard's name, bytes or samples")
+    except (ValueError, TypeError, KeyError) as e:
+        raise ShardFormatError(f"{where(source, INDEX)} is not an index of shards ({e.__class__.__name__}: {e}): "
+                               "it was damaged or written by something else; remake the shards with "
+                               "`dataferry shards make`, or move it away to read the shards unchecked") from None
+    return index

@@ -4,6 +4,7 @@ keep it says, in one line."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -117,3 +118,107 @@ def test_usage_totals_that_drifted_from_the_rows_are_recomputed_when_the_cache_o
     assert db.execute("SELECT filling_bytes FROM usage").fetchone() == \
         db.execute("SELECT coalesce(sum(size), 0) FROM entries WHERE state = 'filling'").fetchone(), \
         "room held for fills in progress (the first cache's lease of room) is what the rows say"
+
+
+PAGE = 4096
+
+
+def _filled(tmp_path: Path, n: int = 300) -> tuple[LocalSource, Cache]:
+    root = tmp_path / "src"
+    root.mkdir(exist_ok=True)
+    for i in range(n):
+        (root / f"f{i:04d}.bin").write_bytes(bytes([i % 251]) * (1000 + i))
+    src = LocalSource(root)
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    for e in src.list():
+        cache.read(src, e)
+    cache._index.flush()
+    return src, cache
+
+
+def _every_call_works(src: LocalSource, cache: Cache, tmp_path: Path) -> None:
+    """What a user does with a cache, none raising, every byte right."""
+    from dataferry import stage
+
+    for e in src.list():
+        assert cache.read(src, e) == (src.root / e.name).read_bytes(), e.name
+    assert stage(src, cache, progress=False).failures == []
+    assert cache.usage()[0] == len(list(src.list()))
+    assert len(cache.entries()) == len(list(src.list()))
+    assert cache.verify().ok
+    with cache.open(src, "f0007.bin") as f:
+        assert f.read() == (src.root / "f0007.bin").read_bytes()
+
+
+def _damage(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(range(256)) * (PAGE // 256))
+
+
+def _sweep_cases(tmp_path: Path) -> tuple[LocalSource, Path, int, int]:
+    """A cache of 300 entries whose index is checkpointed (every page in index.sqlite), copied aside with the
+    WAL of one more batch of writes; how many pages each holds."""
+    src, cache = _filled(tmp_path)
+    db = sqlite3.connect(tmp_path / "c" / "index.sqlite")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for e in list(src.list())[:50]:  # a batch of LRU times: a WAL of some frames
+        cache.read(src, e)
+    cache._index.rank_now({})
+    cache._index.flush()
+    pristine = tmp_path / "pristine"
+    shutil.copytree(tmp_path / "c", pristine, ignore=shutil.ignore_patterns("*.lock"))
+    db.close()
+    pages = (pristine / "index.sqlite").stat().st_size // PAGE
+    frames = max(((pristine / "index.sqlite-wal").stat().st_size - 32) // (PAGE + 24), 0)
+    return src, pristine, pages, frames
+
+
+def test_one_garbage_page_anywhere_in_the_index_or_its_wal_never_stops_a_cache_from_opening(tmp_path):
+    """The sweep: one page of garbage at every page of the checkpointed index, and at the WAL's header and
+    frames. Every case opens (set aside with at most one warning, or untouched), and no call raises or
+    returns a wrong byte."""
+    src, pristine, pages, frames = _sweep_cases(tmp_path)
+    assert pages >= 20 and frames >= 1, (pages, frames)
+    cases = [("index.sqlite", p * PAGE) for p in range(pages)]
+    cases += [("index.sqlite-wal", 0)] + [("index.sqlite-wal", 32 + f * (PAGE + 24)) for f in range(frames)]
+    failed = []
+    for file, offset in cases:
+        folder = tmp_path / f"case-{file}-{offset}"
+        shutil.copytree(pristine, folder)
+        _damage(folder / file, offset)
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                _every_call_works(src, Cache(folder, min_free_bytes=0), tmp_path)
+            noted = [w for w in seen if issubclass(w.category, CacheIndexWarning)]
+            assert len(noted) <= 1, [str(w.message) for w in noted]
+        except Exception as e:  # noqa: BLE001 - every case is reported
+            failed.append(f"{file}@{offset}: {type(e).__name__}: {e}")
+        shutil.rmtree(folder)
+    assert not failed, f"{len(failed)} of {len(cases)} cases failed:\n" + "\n".join(failed)
+
+
+def test_a_process_with_the_cache_open_recovers_from_a_page_damaged_under_it(tmp_path):
+    """The damage comes while the cache is open (another process's crash, a failing write): the next calls
+    set the index aside with one warning and go on, with no restart and no raw sqlite3 error."""
+    src, cache = _filled(tmp_path, 300)
+    index = tmp_path / "c" / "index.sqlite"
+    sqlite3.connect(index).execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
+    pages = index.stat().st_size // PAGE
+    failed = []
+    for page in range(1, pages, 3):
+        _damage(index, page * PAGE)
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                _every_call_works(src, cache, tmp_path)
+                _every_call_works(src, cache, tmp_path)
+            assert len([w for w in seen if issubclass(w.category, CacheIndexWarning)]) <= 1
+        except Exception as e:  # noqa: BLE001
+            failed.append(f"page {page}: {type(e).__name__}: {e}")
+        sqlite3.connect(index).execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
+    assert not failed, "\n".join(failed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _every_call_works(src, Cache(tmp_path / "c", min_free_bytes=0), tmp_path)

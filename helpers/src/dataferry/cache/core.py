@@ -9,7 +9,6 @@ import io
 import math
 import os
 import shutil
-import sqlite3
 import threading
 import time
 import warnings
@@ -30,8 +29,7 @@ from dataferry.cache.layout import CHUNK, Layout, printable
 from dataferry.cache.layout import key as entry_key
 from dataferry.cache.locks import FillLocks, renew_after_fork
 from dataferry.cache.many import FillsAhead, fill_many
-from dataferry.cache.recovery import VerifyReport, clear, recover, set_index_aside, verify
-from dataferry.cache.store import create, damaged
+from dataferry.cache.recovery import VerifyReport, clear, recover, verify
 from dataferry.errors import BadArgument, byte_count
 from dataferry.sources import DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, Source, where
 
@@ -99,17 +97,18 @@ class Cache:
         _refuse_more_than_the_disk(self.root, self.min_free_bytes)
         Layout(self.root).make()
         self._init_process_state()
-        try:
-            self._open_index()
-        except sqlite3.DatabaseError as e:
-            if not damaged(e):
-                raise
-            set_index_aside(self._layout, self._index, e)
-            self._open_index()
+        self._index.renewed(self._recover)
 
-    def _open_index(self) -> None:
-        create(self._index.db())
+    def _recover(self) -> None:
+        """Clean what crashed processes left (:func:`~dataferry.cache.recovery.recover`), on this index file."""
+        self._swept = self._index.renewals
         recover(self._layout, self._index, self._locks)
+
+    def _after_renewal(self) -> None:
+        """Once the index file was found damaged and replaced (by any thread or process), clean the folder for
+        the new one: the objects the old one named are orphans now, and go (they are fetched again when read)."""
+        if self._index.renewals != self._swept:
+            self._index.renewed(self._recover)
 
     @classmethod
     def existing(cls, root: str | os.PathLike[str], **options: Any) -> Cache:
@@ -137,6 +136,7 @@ class Cache:
         self._fills = FillEngine(self._index, self._counters, self._locks, max_refetches=self.max_refetches,
                                  retry_deadline_s=self.retry_deadline_s)
         self._ahead = FillsAhead(self._fills)
+        self._swept = 0  # the index's renewals this process has cleaned up after
 
     def __getstate__(self) -> dict:
         keep = ("root", "max_bytes", "min_free_bytes", "max_refetches", "retry_deadline_s")
@@ -163,18 +163,21 @@ class Cache:
         """Make sure the object is cached; how it ended: ``fetched`` bytes downloaded (0 if it was already
         there, -1 if it cannot fit in the budget, ``refusal`` saying why). One download per object per
         machine: other threads and processes asking for it at the same time wait for this one."""
+        self._after_renewal()
         return self._fills.fill_now(source, self._entry(source, item))
 
     def fill_many(self, source: Source, items: Iterable[Entry | str], width: int = 64) -> Iterator[Filled]:
         """Fill every item, ``width`` at a time, yielding a :class:`Filled` as each ends (in any
         order; an item that failed carries its ``error``). ``items`` may be a stream (a listing): it
         is read as room frees up."""
+        self._after_renewal()
         return fill_many(self._fills, source, items, width)
 
     def fill_later(self, source: Source, items: Sequence[Entry], threads: int = 32) -> list[Future]:
         """Start filling ``items`` in the background. Returns futures that end when they are done,
         each with a list of (name, error) for the fills that failed. For a source without
         ``fetch_async`` (a folder) they run on up to ``threads`` threads of this process."""
+        self._after_renewal()
         return self._ahead.start(source, items, threads)
 
     # -- reading ------------------------------------------------------------------------------
@@ -196,6 +199,7 @@ class Cache:
 
     def _by_name(self, source: Source, item: Entry | str, action: Callable[[Source, Entry], T]) -> T:
         """``action(source, entry)``; for a name, once more with a fresh stat if it changed meanwhile."""
+        self._after_renewal()
         try:
             return action(source, self._entry(source, item))
         except ChangedAtSource:
@@ -369,6 +373,7 @@ class Cache:
     def prune(self, max_bytes: int | None = None) -> int:
         """Evict least-recently-used entries (not those being read) until the cache holds at most
         ``max_bytes`` (default: its budget). Returns how many were evicted."""
+        self._after_renewal()
         limit = self.max_bytes if max_bytes is None else byte_count("max_bytes", max_bytes)
         if limit is None:
             self._index.flush()
@@ -381,12 +386,14 @@ class Cache:
         """Re-read every cached object and check size and CRC32C; remove bad entries (they are
         fetched again on the next read) and files the index does not know. Safe while other
         processes fill, read and evict. Returns the report."""
-        return verify(self._layout, self._index, self._locks)
+        self._after_renewal()
+        return self._index.renewed(lambda: verify(self._layout, self._index, self._locks))
 
     def clear(self) -> None:
         """Remove every ready entry. Fills in progress keep theirs; files being read stay readable
         until closed."""
-        clear(self._layout, self._index)
+        self._after_renewal()
+        self._index.renewed(lambda: clear(self._layout, self._index))
 
     def stats(self) -> CacheStats:
         """This process's counters (a copy)."""
@@ -395,11 +402,13 @@ class Cache:
     def usage(self) -> tuple[int, int]:
         """(entries, bytes) in the cache, counting fills in progress (those that reserved their own room,
         and this process's), not room a process leased for fills to come."""
+        self._after_renewal()
         return self._index.usage()
 
     def entries(self) -> list[dict]:
         """Every entry of the index (fills in progress included, leases of room not), most recently used
         first (for inspection)."""
+        self._after_renewal()
         return self._index.rows()
 
     def __repr__(self) -> str:

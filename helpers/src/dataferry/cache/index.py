@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import errno
 import multiprocessing.util
 import os
 import queue
@@ -20,7 +21,9 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 from dataferry.cache.budget import Budget
 from dataferry.cache.errors import disk_full
@@ -28,7 +31,8 @@ from dataferry.cache.layout import Layout
 from dataferry.cache.lease import Lease
 from dataferry.cache.locks import hold_across_fork
 from dataferry.cache.placing import syncfs
-from dataferry.cache.store import LEASES, close, connect, release
+from dataferry.cache.errors import CacheFolderError
+from dataferry.cache.store import LEASES, close, connect, create, damaged, has_schema, release, set_aside
 from dataferry.errors import interrupted_at_exit
 
 __all__ = ["Index", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
@@ -69,16 +73,46 @@ class Index:
         self._writer: IndexWriter | None = None
         self._touched: dict[str, float] = {}
         self._last_flush = time.time()
+        #: How many times this process found the index file replaced (damaged and set aside, here or by another
+        #: process): every thread's connection is renewed once it differs from the one it connected under.
+        self.renewals = 0
+        self._renewing = threading.Lock()
+        self._file_id: tuple[int, int] | None = None  # the index file connected to: (device, inode)
 
     def __repr__(self) -> str:
         return f"<Index {self.layout.index}>"
 
     def db(self) -> sqlite3.Connection:
-        """This thread's connection."""
+        """This thread's connection (a new one once the index file was replaced)."""
         db = getattr(self._local, "db", None)
+        if db is not None and self._local.renewals != self.renewals:
+            close(db)
+            db = None
         if db is None:
-            db = self._local.db = connect(self.layout.index)
+            db = self.connect()
+            self._local.db, self._local.renewals = db, self.renewals
         return db
+
+    def connect(self) -> sqlite3.Connection:
+        """A new connection to the index file, its tables made if the file is new (one another process has
+        just started in place of a damaged one)."""
+        db = connect(self.layout.index)
+        try:
+            if not has_schema(db):
+                create(db)
+            self._file_id = _file_id(self.layout.index)
+        except BaseException:
+            close(db)
+            raise
+        return db
+
+    def notice_replaced(self) -> None:
+        """Renew every thread's connection if another process set the index file aside since this one
+        connected (the file at its path is another, or none): the writer asks before each batch."""
+        if self._file_id is not None and _file_id(self.layout.index) != self._file_id:
+            with self._renewing:
+                self._file_id = None
+                self.renewals += 1
 
     def close_connection(self) -> None:
         """Close this thread's connection (before the index file is set aside)."""
@@ -86,6 +120,33 @@ class Index:
         if db is not None:
             close(db)
             self._local.db = None
+
+    def renew(self, error: sqlite3.DatabaseError) -> None:
+        """The index said ``error``: if it says the file is damaged, set the file aside (once, whichever process
+        finds it first, with one warning) and have every thread of this process connect to the new one;
+        any other error is raised. What the old index named is then removed as orphans by the cache's
+        recovery (see :attr:`renewals`) and downloaded again when read."""
+        if not damaged(error):
+            raise error
+        with self._renewing:
+            self.close_connection()
+            set_aside(self.layout, error)
+            self.renewals += 1
+
+    def renewed(self, call: Callable[[], T]) -> T:
+        """``call()``; if the index file turns out damaged, once more on a new one (:meth:`renew`)."""
+        try:
+            return call()
+        except sqlite3.DatabaseError as e:
+            self.renew(e)
+        try:
+            return call()
+        except sqlite3.DatabaseError as e:
+            if not damaged(e):
+                raise
+            raise CacheFolderError(errno.EIO, f"the cache's index {self.layout.index} was damaged again as soon as a "
+                                              f"new one was started ({e}): the disk under it is failing; use a cache "
+                                              "folder on another disk") from None
 
     @contextlib.contextmanager
     def write(self, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
@@ -96,7 +157,8 @@ class Index:
             try:
                 yield db
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # SQLite may have rolled it back itself (a damaged page)
+                    db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
 
@@ -150,18 +212,21 @@ class Index:
     def usage(self) -> tuple[int, int]:
         """(entries, bytes), counting fills in progress (once this process's are recorded), not leases."""
         self.flush()
-        return self.db().execute(  # one statement: one snapshot
+        return self.renewed(lambda: self.db().execute(  # one statement: one snapshot
             "SELECT entries - n, bytes - b FROM usage, (SELECT count(*) AS n, coalesce(sum(size), 0) AS b FROM entries "
-            f"WHERE {LEASES})").fetchone()
+            f"WHERE {LEASES})").fetchone())
 
     def rows(self) -> list[dict]:
         """Every entry (not leases), most recently used first."""
         self.flush()
-        cur = self.db().execute(
-            "SELECT source, name, version, size, crc32c, state, last_used FROM entries "
-            f"WHERE NOT ({LEASES}) ORDER BY last_used DESC")
-        cols = [c[0] for c in cur.description]
-        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+        def rows() -> list[dict]:
+            cur = self.db().execute("SELECT source, name, version, size, crc32c, state, last_used FROM entries "
+                                    f"WHERE NOT ({LEASES}) ORDER BY last_used DESC")
+            cols = [c[0] for c in cur.description]
+            return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+        return self.renewed(rows)
 
     def stored_crc(self, key: str) -> str | None:
         """The CRC32C computed when ``key`` was filled: one query, and a wait for this process's pending
@@ -169,13 +234,16 @@ class Index:
         for pending in (False, True):
             if pending:
                 self.flush()
-            row = self.db().execute("SELECT crc32c FROM entries WHERE key = ?", (key,)).fetchone()
+            row = self.renewed(lambda: self.db().execute("SELECT crc32c FROM entries WHERE key = ?", (key,)).fetchone())
             if row and row[0]:
                 return row[0]
         return None
 
     def discard(self, key: str) -> None:
         """Drop an entry and its file (the file once the row's deletion committed)."""
+        self.renewed(lambda: self._discard(key))
+
+    def _discard(self, key: str) -> None:
         doomed: list[tuple[str, int]] = []
         try:
             with self.write() as db:
@@ -189,6 +257,9 @@ class Index:
     def prune(self, limit: int) -> int:
         """Evict LRU entries no reader holds until at most ``limit`` bytes are cached; how many went."""
         self.flush()
+        return self.renewed(lambda: self._prune(limit))
+
+    def _prune(self, limit: int) -> int:
         doomed: list[tuple[str, int]] = []
         try:
             with self.write() as db:
@@ -219,6 +290,8 @@ class IndexWriter:
         self._gate = threading.Lock()
         self._stopped = False  # set (under the gate) as the thread ends: later requests fail at once
         self._lease = (index.lease.key, index.lease.pid)  # deleted here if the index goes first
+        self._db: sqlite3.Connection | None = None  # this thread's own
+        self._db_renewals = 0
         self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
         self._thread.start()
 
@@ -302,11 +375,6 @@ class IndexWriter:
             self._stop_taking()
 
     def _serve(self) -> None:
-        index = self._index_ref()
-        if index is None:
-            return
-        db = connect(index.layout.index)
-        del index
         while True:
             try:
                 batch = [self._queue.get(timeout=IDLE_CHECK_S)]
@@ -316,11 +384,12 @@ class IndexWriter:
                 else:
                     index = self._index_ref()
                     if index is None:  # the index is gone and nothing is queued: so is this thread, and its lease
-                        self._drop_lease(db)
-                        close(db)
+                        self._drop_lease()
+                        self._close()
                         return
                     if index.lease.let_go_if_idle():
-                        self._drop_lease(db)
+                        self._connection(index)
+                        self._drop_lease()
                     del index
                     continue
             while len(batch) < 4096:
@@ -332,35 +401,61 @@ class IndexWriter:
             stop = any(item[0] == "stop" for item in batch)
             index = self._index_ref()  # alive: every queued item holds it
             try:
-                self._commit(index, db, [item for item in batch if item[0] != "stop"])
+                if index is not None:
+                    index.notice_replaced()
+                self._commit(index, [item for item in batch if item[0] != "stop"])
             finally:
                 del index, batch
             if stop:  # the thread ends after this batch
-                close(db)
+                self._close()
                 return
 
-    def _drop_lease(self, db: sqlite3.Connection) -> None:
-        with contextlib.suppress(sqlite3.Error):  # a row left behind is reclaimed once this process ends
-            db.execute("DELETE FROM entries WHERE key = ? AND pid = ?", self._lease)
+    def _connection(self, index: Index) -> sqlite3.Connection:
+        """This thread's connection, renewed when the index file was replaced."""
+        if self._db is None or self._db_renewals != index.renewals:
+            self._close()
+            self._db_renewals = index.renewals
+            self._db = index.connect()
+        return self._db
 
-    def _commit(self, index: Index | None, db: sqlite3.Connection, batch: list) -> None:
+    def _close(self) -> None:
+        if self._db is not None:
+            close(self._db)
+            self._db = None
+
+    def _drop_lease(self) -> None:
+        with contextlib.suppress(sqlite3.Error):  # a row left behind is reclaimed once this process ends
+            if self._db is not None:
+                self._db.execute("DELETE FROM entries WHERE key = ? AND pid = ?", self._lease)
+
+    def _commit(self, index: Index | None, batch: list, renewed: bool = False) -> None:
         """Apply a batch in one transaction; if it fails, item by item, so that one bad request
-        fails alone and every other finished fill is still marked ready."""
+        fails alone and every other finished fill is still marked ready. A damaged index file is set
+        aside and the batch applied to the new one (:meth:`Index.renew`)."""
         try:
             if index is None:
                 raise RuntimeError("the cache was closed")
-            self._answer(self._transaction(index, db, batch))
+            self._answer(self._transaction(index, self._connection(index), batch))
             return
         except BaseException as e:  # noqa: BLE001 - retried one by one below
+            error: BaseException = e
+            if index is not None and not renewed and isinstance(e, sqlite3.DatabaseError) and damaged(e):
+                try:
+                    index.renew(e)
+                except BaseException as still:  # noqa: BLE001 - failed as the batch did
+                    error = still
+                else:
+                    self._commit(index, batch, renewed=True)
+                    return
             if len(batch) == 1 or index is None:
-                if batch[0][0] in ("ready", "forget", "placed") and disk_full(e):
+                if batch[0][0] in ("ready", "forget", "placed") and disk_full(error):
                     self._later += [(kind, args, None, owner) for kind, args, _, owner in batch]  # room by the next batch?
                 else:
                     _give_up_placed(batch)
-                _settle(batch, e)
+                _settle(batch, error)
                 return
         for item in batch:
-            self._commit(index, db, [item])
+            self._commit(index, [item], renewed)
 
     def _transaction(self, index: Index, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
         doomed: list[tuple[str, int]] = []
@@ -412,6 +507,14 @@ class IndexWriter:
                                              if kind in ("flush", "forget") and fut is not None]
         wants = [(args, fut) for kind, args, fut, _ in batch if kind == "reserve"]
         return answers + (index.budget.decide(db, wants, doomed) if wants else [])
+
+
+def _file_id(path: Any) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _flat(items: list) -> list:

@@ -11,23 +11,18 @@ made durable before its rename) or dropped.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import sqlite3
-import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dataferry.cache.checksum import file_crc
-from dataferry.cache.errors import CacheIndexWarning
 from dataferry.cache.index import Index
 from dataferry.cache.layout import Layout
 from dataferry.cache.locks import FillLocks
-from dataferry.cache.store import reclaim_dead_fills, recount, release, still_damaged
+from dataferry.cache.store import reclaim_dead_fills, recount, release
 from dataferry.host import pid_alive
 
-__all__ = ["recover", "set_index_aside", "verify", "clear", "VerifyReport"]
+__all__ = ["recover", "verify", "clear", "VerifyReport"]
 
 
 @dataclass
@@ -77,27 +72,6 @@ def _drop_dead_temp_files(folder: str, names: list[str]) -> set[str]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{folder}/{name}")
     return others
-
-
-def set_index_aside(layout: Layout, index: Index, error: sqlite3.DatabaseError) -> None:
-    """The index file is not a sound database: move it (and its WAL) aside for a post-mortem and warn
-    in one line; the next open starts a new, empty one. The objects it named are then orphans, removed
-    by recovery and downloaded again when read. One process does it, under a lock, after checking
-    again that nobody did it first."""
-    index.close_connection()
-    fd = os.open(layout.index_lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        if not still_damaged(layout.index):
-            return
-        aside = layout.set_aside_path(time.strftime('%Y%m%d-%H%M%S'))
-        for extra in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.rename(f"{layout.index}{extra}", f"{aside}{extra}")
-    finally:
-        os.close(fd)
-    warnings.warn(f"the cache's index {layout.index} was damaged ({error}); set aside as {aside.name}, and a new one "
-                  "started: cached objects are downloaded again when read", CacheIndexWarning, stacklevel=4)
 
 
 def _finish_dead_fills(layout: Layout, index: Index) -> None:

@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import random
 import sqlite3
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from dataferry.cache.checksum import file_crc
-from dataferry.cache.errors import CacheFolderError
+from dataferry.cache.errors import CacheFolderError, CacheIndexWarning
 from dataferry.cache.layout import Layout
 from dataferry.cache.locks import hold_across_fork
 from dataferry.host import pid_alive
 
 __all__ = ["SCHEMA_VERSION", "connect", "create", "damaged", "still_damaged", "recount", "release",
-           "reclaim_dead_fills", "leased", "close", "LEASES"]
+           "reclaim_dead_fills", "leased", "close", "set_aside", "has_schema", "LEASES"]
 
 SCHEMA_VERSION = 1
 OPEN_TIMEOUT_S = 60.0
@@ -131,6 +133,10 @@ def leased(db: sqlite3.Connection) -> tuple[int, int]:
     return db.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM entries WHERE {LEASES}").fetchone()
 
 
+def has_schema(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'usage'").fetchone() is not None
+
+
 def create(db: sqlite3.Connection) -> None:
     """Make the tables, totals and triggers (once)."""
     db.executescript(SCHEMA)
@@ -150,19 +156,43 @@ def release(doomed: list[tuple[str, int]], unlink: bool) -> None:
 
 
 def still_damaged(path: Path) -> bool:
-    """Whether the index file ``path`` still fails to open (another process may have set it aside first)."""
+    """Whether the index file ``path`` is still not a sound database (another process may have set it aside
+    first): SQLite's ``quick_check`` reads every page (a count of rows may read none of the damaged ones)."""
     try:
         db = connect(path)
     except sqlite3.DatabaseError as e:
         return damaged(e)
     try:
-        create(db)
-        db.execute("SELECT count(*) FROM entries").fetchone()
-        return False
+        return [row[0] for row in db.execute("PRAGMA quick_check").fetchall()] != ["ok"]
     except sqlite3.DatabaseError as e:
         return damaged(e)
     finally:
         close(db)
+
+
+def set_aside(layout: Layout, error: sqlite3.DatabaseError) -> None:
+    """The index file is not a sound database: move it (and its WAL) aside for a post-mortem and warn in one
+    line; the next connection starts a new, empty one. The objects it named are then orphans, removed by
+    recovery and downloaded again when read. One process does it, under a lock, after checking again that
+    nobody did it first (then this one only reconnects, quietly)."""
+    fd = os.open(layout.index_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not still_damaged(layout.index):
+            return
+        aside = layout.set_aside_path(time.strftime('%Y%m%d-%H%M%S'))
+        for extra in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(f"{layout.index}{extra}", f"{aside}{extra}")
+        db = connect(layout.index)  # the new one, made while no other process can set it aside again
+        try:
+            create(db)
+        finally:
+            close(db)
+    finally:
+        os.close(fd)
+    warnings.warn(f"the cache's index {layout.index} was damaged ({error}); set aside as {aside.name}, and a new one "
+                  "started: cached objects are downloaded again when read", CacheIndexWarning, stacklevel=2)
 
 
 def reclaim_dead_fills(db: sqlite3.Connection, layout: Layout, doomed: list[tuple[str, int]]) -> bool:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
@@ -81,7 +82,7 @@ class GCSSource:
         except RetryError as e:
             raise attempts.gave_up(f"listing {self.uri}", e.cause) from e.cause
 
-    def folders(self) -> list[str]:
+    def folders(self) -> builtins.list[str]:
         """The folders at the top of the prefix, as a gcsfuse mount shows them: every name before a first '/',
         an empty folder's placeholder object (``bird/``, as the Cloud console makes) included."""
         from google.api_core.exceptions import NotFound, RetryError

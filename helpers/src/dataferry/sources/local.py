@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import stat as statmod
 from collections.abc import Iterator
@@ -89,7 +90,7 @@ class LocalSource:
                     except FileNotFoundError:  # deleted, or a link to nothing
                         continue
 
-    def folders(self) -> list[str]:
+    def folders(self) -> builtins.list[str]:
         """The folders at the top of the source, empty ones included (through links unless ``follow_links``
         is False): what ``ImageFolder`` takes for its classes."""
         if not self.root.is_dir():

@@ -308,7 +308,7 @@ def test_a_bucket_that_cannot_be_reached_is_a_clear_error_within_the_timeout(tmp
         port = s.getsockname()[1]
     client = storage.Client(project="lab", credentials=AnonymousCredentials(),
                             client_options={"api_endpoint": f"http://127.0.0.1:{port}"})
-    ckpt = Checkpoints("gs://b/ckpts", client=client, work=tmp_path / "work", timeout_s=2)
+    ckpt = Checkpoints("gs://no-such-endpoint/ckpts", client=client, work=tmp_path / "work", timeout_s=2)
     t0 = time.monotonic()
     with pytest.raises(CheckpointError, match="could not reach"):
         ckpt.latest()

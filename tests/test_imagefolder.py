@@ -333,3 +333,21 @@ def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_
     with pytest.raises(BadArgument, match="'gpu' decodes on the GPU the model trains on"):
         compare_decoders(source, tmp_path / "w2", EmulatedCompute(PROFILES["resnet50-v100-amp"]), workers=0,
                          batch_size=10, decoders=["pil", "gpu"])
+
+
+def test_decode_once_under_a_budget_too_tight_for_the_jpegs_too_never_waits_on_itself(tmp_path):
+    """The JPEG's fill runs inside the pixels' fill, whose room it cannot take: it streams at once (it used to wait
+    ~10 s an image for room its own outer fill held)."""
+    import warnings
+
+    TEST.write_to(tmp_path)
+    source = LocalSource(tmp_path / "test")
+    budget = 3 * 64 * 64 * 3 + 10_000  # three images' pixels, and not one JPEG beside them
+    ds = CachedImageFolder(source, Cache(tmp_path / "c", max_bytes=budget, min_free_bytes=0), decode_once=64)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = [ds[i][0] for i in range(6)]
+    assert time.perf_counter() - t0 < 5, "no image waited for room its own decode held"
+    fresh = CachedImageFolder(source, Cache(tmp_path / "c2", min_free_bytes=0), decode_once=64)
+    assert all(torch.equal(a, fresh[i][0]) for i, a in enumerate(first))

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 
@@ -41,6 +43,7 @@ from dataferry.sources import Entry, Source, where
 __all__ = ["FillEngine", "Filled", "MIN_FILL_BYTES_PER_S"]
 
 MIN_FILL_BYTES_PER_S = 1e6  # a fill may take retry_deadline_s, or a second per MB if that is longer
+_ON_THIS_THREAD = threading.local()  # how many fills run on this thread now (one inside another's fetch)
 
 
 @dataclass(frozen=True)
@@ -82,16 +85,24 @@ class FillEngine:
         return f"<FillEngine {self.layout.root}>"
 
     def fill_now(self, source: Source, entry: Entry, ahead: bool = False) -> Filled:
-        """:meth:`fill`, run to its end on this thread."""
-        return run_here(self.fill(self.on_thread, source, entry, ahead))
+        """:meth:`fill`, run to its end on this thread. A fill started while another runs on this thread (the
+        JPEG a decode-once fill reads) does not wait for room: what it would wait for may be held by that very
+        fill, so when there is no room now it is refused at once (and its read streams)."""
+        outer = getattr(_ON_THIS_THREAD, "fills", 0)
+        _ON_THIS_THREAD.fills = outer + 1
+        try:
+            return run_here(self.fill(self.on_thread, source, entry, ahead, patient=not outer))
+        finally:
+            _ON_THIS_THREAD.fills = outer
 
     def stream_now(self, source: Source, entry: Entry) -> bytes:
         """:meth:`stream`, run to its end on this thread."""
         return run_here(self.stream(self.on_thread, source, entry))
 
-    async def fill(self, side: Side, source: Source, entry: Entry, ahead: bool = False) -> Filled:
+    async def fill(self, side: Side, source: Source, entry: Entry, ahead: bool = False, patient: bool = True) -> Filled:
         """Make sure ``entry`` is cached. A fill ``ahead`` of a reader that waited for someone else's fill
-        of the same object does nothing after it: that fill was for its own read, which happened."""
+        of the same object does nothing after it: that fill was for its own read, which happened. One that is
+        not ``patient`` takes the room there is now, or none."""
         k = key(source, entry)
         path = self.layout.object_path(k)
         cached = Filled(entry.name, entry.size, entry=entry)
@@ -105,7 +116,7 @@ class FillEngine:
             self.count(misses=1)
             lease = self.lease.draw(entry.size) if side.leases else None
             if lease is None:
-                refusal = await self._reserve(side, source, entry, k)
+                refusal = await self._reserve(side, source, entry, k, patient)
                 if refusal is not None:
                     return Filled(entry.name, entry.size, -1, refusal.why, entry=entry)
             t0 = time.perf_counter()
@@ -136,10 +147,12 @@ class FillEngine:
         self.count(streamed=1, bytes_from_source=entry.size)
         return bytes(sink.held or b"")
 
-    async def _reserve(self, side: Side, source: Source, entry: Entry, k: str) -> Refusal | None:
+    async def _reserve(self, side: Side, source: Source, entry: Entry, k: str, patient: bool) -> Refusal | None:
         """Record the fill in progress; while the room is held by readers or fills in flight, wait for it
-        (up to ``ROOM_WAIT_S``). None when reserved, else why not."""
-        for pause in self.budget.room_waits(entry):
+        (up to ``ROOM_WAIT_S``; not at all unless ``patient``). None when reserved, else why not."""
+        waits = self.budget.room_waits(entry)
+        for pause in (waits if patient else itertools.islice(waits, 1)):
+            pause = pause if patient else None
             now = time.time()
             row = (k, source.uri, printable(entry.name), entry.version, entry.size, self.pid, now, now)
             try:

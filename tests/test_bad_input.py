@@ -149,3 +149,69 @@ def test_stage_api_on_an_empty_folder_says_nothing_matched(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataferryError, match="nothing to stage"):
         stage(LocalSource(tmp_path / "empty"), Cache(tmp_path / "c"), progress=False)
+
+
+# -- raw errors that escaped the one root, and arguments accepted without complaint (issue 35, item 14) ------
+
+
+def test_raw_errors_of_the_api_are_dataferry_errors_that_say_what_to_do(tmp_path):
+    from dataferry import GCSSource, ShardDataset, make_shards
+    from dataferry.checkpoints import Checkpoints
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.bin").write_bytes(b"a" * 10)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("x")
+    cases = {
+        "a bucket name with a slash": lambda: GCSSource("a/b"),
+        "a bucket name with spaces": lambda: GCSSource("Bad Bucket!"),
+        "no bucket name": lambda: GCSSource(""),
+        "a name leading out of a folder": lambda: LocalSource(tmp_path / "src").stat("../x"),
+        "an empty folder path": lambda: LocalSource(""),
+        "no shards": lambda: ShardDataset(LocalSource(tmp_path / "empty"), Cache(tmp_path / "c", min_free_bytes=0)),
+        "packing an empty folder": lambda: make_shards(LocalSource(tmp_path / "empty"), tmp_path / "out", progress=False),
+        "packing onto a file": lambda: make_shards(LocalSource(tmp_path / "src"), tmp_path / "afile", progress=False),
+        "a shard size of 0": lambda: make_shards(LocalSource(tmp_path / "src"), tmp_path / "o2", shard_bytes=0,
+                                                 progress=False),
+        "shards into gs://": lambda: make_shards(LocalSource(tmp_path / "src"), "gs://", progress=False),
+        "checkpoints in gs://": lambda: Checkpoints("gs://", work=tmp_path / "w"),
+        "checkpoints in a bad bucket": lambda: Checkpoints("gs://Bad Bucket!/x", work=tmp_path / "w"),
+        "a NUL in a checkpoint's name": lambda: Checkpoints(tmp_path / "k", name="a\0b", work=tmp_path / "w"),
+        "stage 10^9 in flight": lambda: stage(LocalSource(tmp_path / "src"), Cache(tmp_path / "c", min_free_bytes=0),
+                                              in_flight=10**9, progress=False),
+    }
+    for what, call in cases.items():
+        with pytest.raises(DataferryError) as e:
+            call()
+            pytest.fail(f"{what}: no error")
+        assert len(str(e.value).splitlines()) == 1, (what, str(e.value))
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "out").exists() and not (tmp_path / "k").exists()
+
+
+def test_torch_compute_on_cuda_without_cuda_is_a_bad_argument():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from dataferry.feed import TorchCompute
+
+    with pytest.raises(DataferryError, match="EmulatedCompute"):
+        TorchCompute("smallcnn", device="cuda")
+
+
+def test_ctrl_c_while_the_command_starts_up_is_one_line_and_status_130(monkeypatch, capsys):
+    import dataferry.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["cache", "inspect", "x"]) == 130
+    assert capsys.readouterr().err == "dataferry: interrupted\n"
+
+
+def test_a_lab_dataset_with_a_negative_spread_is_refused():
+    from dataferry.lab.datasets import LogNormal
+
+    for sigma in (-1, float("nan"), float("inf")):
+        with pytest.raises(DataferryError, match="sigma"):
+            LogNormal(1000, sigma)

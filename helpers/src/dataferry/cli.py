@@ -25,14 +25,74 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from dataferry import __version__
 
 __all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose errors are one line (``dataferry: error: ...``) and exit status 2, as the command's own."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"dataferry: error: {self.prog.removeprefix('dataferry').strip() or 'dataferry'}: {message} "
+                     f"(see `{self.prog} --help`)\n")
+
+
+def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argument that is a whole number from ``low`` to ``high``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give {low} to {high}" if high is not None
+                                             else f"{value} is out of range: give {low} or more")
+        return value
+    return parse
+
+
+def _amount(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
+    """An argument that is a finite number from ``low`` (excluded if ``low_open``) to ``high``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give a number {'above' if low_open else 'from'} "
+                                             f"{low:g} {'and up ' if low_open else ''}to {high:g}")
+        return value
+    return parse
+
+
+def _path(text: str) -> str:
+    """A path or address that is not empty (an empty one would mean the current folder)."""
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a path: give a folder, a file or gs://bucket/prefix")
+    return text
+
+
+def _names(choices: Sequence[str]) -> Callable[[str], str]:
+    """A comma-separated list of names, each one of ``choices``."""
+    def parse(text: str) -> str:
+        names = [n.strip() for n in text.split(",")]
+        unknown = [n for n in names if n not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(map(repr, unknown))}: choose from {', '.join(choices)}")
+        return text
+    return parse
+
+
+_COUNT = _whole(1, 10**9)
+_MB = _amount(0, 1e6, low_open=True)  # a shard of up to a terabyte
 
 
 def _lab(args: argparse.Namespace):
@@ -131,11 +191,17 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     from dataferry.cache import Cache
-    from dataferry.sources import from_uri
+    from dataferry.sources import LocalSource, NotFoundAtSource, from_uri
     from dataferry.stage import stage
 
+    source = from_uri(args.source)
+    if isinstance(source, LocalSource) and not source.root.is_dir():
+        raise NotFoundAtSource(f"{source.root} is not a folder: check the path (is the drive mounted?); no cache "
+                               "was made")
+    if args.rank >= args.world_size:
+        raise ValueError(f"--rank {args.rank} with --world-size {args.world_size}: a rank is 0 to world size - 1")
     cache = Cache(args.cache, max_bytes=args.max_bytes, min_free_bytes=args.min_free_bytes)
-    report = stage(from_uri(args.source), cache, workers=args.workers, rank=args.rank, world_size=args.world_size,
+    report = stage(source, cache, workers=args.workers, rank=args.rank, world_size=args.world_size,
                    in_flight=args.in_flight)
     return 1 if report.failures else 0
 
@@ -151,7 +217,10 @@ def cmd_shards(args: argparse.Namespace) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from dataferry.cache import Cache
+    from dataferry.errors import byte_count
 
+    if args.cache_command == "prune":
+        byte_count("max_bytes", args.max_bytes)  # before the cache is opened: a bad argument touches nothing
     cache = Cache.existing(args.root)
     if args.cache_command == "inspect":
         print(cache)
@@ -246,11 +315,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dataferry.bench import summary, summary_table
-    from dataferry.plots import standard_figures
     from dataferry.timing import load_results
 
-    rows = load_results(args.results)
+    rows = load_results(args.results)  # before the figures' imports: a bad path touches nothing
+    from dataferry.bench import summary, summary_table
+    from dataferry.plots import standard_figures
+
     print(f"{len(rows)} rows from {rows['run_id'].nunique()} runs")
     print(summary_table(summary(rows)))
     for name, paths in standard_figures(rows, args.out).items():
@@ -262,37 +332,38 @@ def build_parser() -> argparse.ArgumentParser:
     from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES
     from dataferry.feed import PROFILES as COMPUTE_PROFILES
     from dataferry.lab.profiles import PROFILES
+    from dataferry.stage import MAX_IN_FLIGHT
 
-    parser = argparse.ArgumentParser(prog="dataferry", description="Fast training data from cloud storage.")
+    parser = _Parser(prog="dataferry", description="Fast training data from cloud storage.")
     parser.add_argument("--version", action="version", version=f"dataferry {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="more log output")
     sub = parser.add_subparsers(dest="command", required=True)
 
     lab = sub.add_parser("lab", help="the offline cloud lab (fake-gcs-server, toxiproxy, gcsfuse)")
-    lab.add_argument("--state-dir", help="lab state folder (default $DATAFERRY_LAB_STATE or ~/.cache/dataferry/lab)")
+    lab.add_argument("--state-dir", type=_path, help="lab state folder (default $DATAFERRY_LAB_STATE or ~/.cache/dataferry/lab)")
     labsub = lab.add_subparsers(dest="lab_command", required=True)
     up = labsub.add_parser("up", help="start the lab, or reuse the running one")
     up.add_argument("--profile", default="unshaped", choices=list(PROFILES))
-    up.add_argument("--port", type=int, help="fixed port for the client endpoint (default: a free one)")
+    up.add_argument("--port", type=_whole(1, 65535), help="fixed port for the client endpoint (default: a free one)")
     st = labsub.add_parser("status", help="what runs (exit code 3 when the lab is down)")
     st.add_argument("--json", action="store_true")
     labsub.add_parser("down", help="stop everything and remove the lab's temp folders")
     pr = labsub.add_parser("profile", help="list region profiles, or switch to one")
     pr.add_argument("name", nargs="?", choices=list(PROFILES))
     mo = labsub.add_parser("mount", help="mount a lab bucket with gcsfuse; prints the mount point")
-    mo.add_argument("bucket")
+    mo.add_argument("bucket", type=_path)
     mo.add_argument("--file-cache", action="store_true", help="turn on gcsfuse's file cache")
-    mo.add_argument("--at", help="mount point (default: a folder in the lab's run folder)")
+    mo.add_argument("--at", type=_path, help="mount point (default: a folder in the lab's run folder)")
     um = labsub.add_parser("unmount", help="unmount a lab mount")
-    um.add_argument("mountpoint")
+    um.add_argument("mountpoint", type=_path)
     ds = labsub.add_parser("dataset", help="upload a synthetic dataset to a lab bucket")
-    ds.add_argument("bucket")
-    ds.add_argument("--files", type=int, required=True)
-    ds.add_argument("--size", type=int, required=True, help="bytes per file (the median with --sigma)")
-    ds.add_argument("--sigma", type=float, default=0.0, help="log-normal spread of sizes (0: all equal)")
-    ds.add_argument("--prefix", default="data")
+    ds.add_argument("bucket", type=_path)
+    ds.add_argument("--files", type=_whole(1, 10**7), required=True)
+    ds.add_argument("--size", type=_whole(0, 2**40), required=True, help="bytes per file (the median with --sigma)")
+    ds.add_argument("--sigma", type=_amount(0, 10), default=0.0, help="log-normal spread of sizes (0: all equal)")
+    ds.add_argument("--prefix", type=_path, default="data")
     ds.add_argument("--seed", type=int, default=0)
-    ds.add_argument("--shard-mb", type=float, default=64.0, help="tar shard size in MB (0: no shards)")
+    ds.add_argument("--shard-mb", type=_amount(0, 1e6), default=64.0, help="tar shard size in MB (0: no shards)")
     labsub.add_parser("demo", help="a one-minute tour: API and gcsfuse reads under every profile")
     labsub.add_parser("build", help="build fake-gcs-server, toxiproxy and gcsfuse now")
     lab.set_defaults(func=cmd_lab)
@@ -300,22 +371,22 @@ def build_parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("shards", help="tar shards (WebDataset layout) to train from with dataferry.shards")
     shsub = sh.add_subparsers(dest="shards_command", required=True)
     mk = shsub.add_parser("make", help="pack the files of a bucket prefix or folder into shards, with an index")
-    mk.add_argument("source", help="gs://bucket/prefix, or a folder; files named key.ext (0001.jpg, 0001.cls)")
-    mk.add_argument("dest", help="gs://bucket/prefix, or a folder, for the shards and index.json")
-    mk.add_argument("--shard-mb", type=float, default=64.0, help="target shard size in MiB (default 64)")
+    mk.add_argument("source", type=_path, help="gs://bucket/prefix, or a folder; files named key.ext (0001.jpg, 0001.cls)")
+    mk.add_argument("dest", type=_path, help="gs://bucket/prefix, or a folder, for the shards and index.json")
+    mk.add_argument("--shard-mb", type=_MB, default=64.0, help="target shard size in MiB (default 64)")
     sh.set_defaults(func=cmd_shards)
 
     st = sub.add_parser("stage", help="copy a bucket prefix or folder into a local cache, in parallel")
-    st.add_argument("source", help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
-    st.add_argument("--cache", required=True, help="cache folder")
-    st.add_argument("--in-flight", type=int, default=None,
+    st.add_argument("source", type=_path, help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
+    st.add_argument("--cache", type=_path, required=True, help="cache folder")
+    st.add_argument("--in-flight", type=_whole(1, MAX_IN_FLIGHT), default=None,
                     help="fills at once: downloads in flight from a bucket (default 256), threads on a folder (default 32)")
-    st.add_argument("--workers", type=int, default=None, help="the older name of --in-flight")
+    st.add_argument("--workers", type=_whole(1, MAX_IN_FLIGHT), default=None, help="the older name of --in-flight")
     st.add_argument("--max-bytes", type=float, help="cache budget in bytes")
     st.add_argument("--min-free-bytes", type=float, default=DEFAULT_MIN_FREE_BYTES,
                     help=f"bytes the cache keeps free on its disk (default {DEFAULT_MIN_FREE_BYTES:,})")
-    st.add_argument("--rank", type=int, default=0)
-    st.add_argument("--world-size", type=int, default=1)
+    st.add_argument("--rank", type=_whole(0, 10**6), default=0)
+    st.add_argument("--world-size", type=_whole(1, 10**6), default=1)
     st.set_defaults(func=cmd_stage)
 
     ca = sub.add_parser("cache", help="look after a cache folder")
@@ -325,65 +396,65 @@ def build_parser() -> argparse.ArgumentParser:
                        ("prune", "evict least-recently-used entries down to --max-bytes"),
                        ("clear", "remove every entry")):
         p = casub.add_parser(name, help=text)
-        p.add_argument("root", help="cache folder")
+        p.add_argument("root", type=_path, help="cache folder")
         if name == "prune":
             p.add_argument("--max-bytes", type=float, required=True)
     ca.set_defaults(func=cmd_cache)
 
     be = sub.add_parser("bench", help="first vs repeated reads by method: on your data, or --lab across profiles")
-    be.add_argument("source", nargs="?", help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
+    be.add_argument("source", nargs="?", type=_path, help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
     be.add_argument("--lab", action="store_true", help="run the full comparison in the offline lab")
     be.add_argument("--au", metavar="PROFILE[,PROFILE]", type=_compute_profiles,
                     help="instead of MB/s, the accelerator utilisation of each method training under these compute "
                          f"profiles ({', '.join(sorted(COMPUTE_PROFILES))}); --passes are epochs")
-    be.add_argument("--methods", help="comma-separated (lab: local,gcsfuse,gcsfuse-cache,api-serial,api-parallel,"
+    be.add_argument("--methods", type=_path, help="comma-separated (lab: local,gcsfuse,gcsfuse-cache,api-serial,api-parallel,"
                                       "dataferry; a gs:// source: api-serial,api-parallel,dataferry,gcsfuse,"
                                       "gcsfuse-cache; a folder: folder,dataferry)")
-    be.add_argument("--passes", type=int, default=2, help="epochs per method; pass 1 is the first read")
-    be.add_argument("--repeats", type=int, default=5)
-    be.add_argument("--files", type=int, help="files to read (a sample of the source); default 24, with --au 256")
-    be.add_argument("--file-kib", type=int, help="lab: size of each file; default 2048, with --au 112")
-    be.add_argument("--workers", type=int, default=4, help="--au: DataLoader worker processes")
-    be.add_argument("--profiles", default="colocated,same-continent,cross-continent", help="lab: region profiles")
-    be.add_argument("--region", help="your region, if detection cannot know it (else metadata server, else unknown)")
-    be.add_argument("--seed", type=int, default=0)
-    be.add_argument("--out", help="folder for results.csv, run_meta.json and figures")
-    be.add_argument("--json", help="where to write the summary JSON")
+    be.add_argument("--passes", type=_whole(1, 1000), default=2, help="epochs per method; pass 1 is the first read")
+    be.add_argument("--repeats", type=_whole(1, 1000), default=5)
+    be.add_argument("--files", type=_whole(1, 10**7), help="files to read (a sample of the source); default 24, with --au 256")
+    be.add_argument("--file-kib", type=_whole(1, 2**24), help="lab: size of each file; default 2048, with --au 112")
+    be.add_argument("--workers", type=_whole(0, 1024), default=4, help="--au: DataLoader worker processes")
+    be.add_argument("--profiles", type=_names(list(PROFILES)), default="colocated,same-continent,cross-continent", help="lab: region profiles")
+    be.add_argument("--region", type=_path, help="your region, if detection cannot know it (else metadata server, else unknown)")
+    be.add_argument("--seed", type=_whole(0), default=0)
+    be.add_argument("--out", type=_path, help="folder for results.csv, run_meta.json and figures")
+    be.add_argument("--json", type=_path, help="where to write the summary JSON")
     be.set_defaults(func=cmd_bench)
 
     rp = sub.add_parser("report", help="pool result files and redraw the standard figures")
-    rp.add_argument("results", nargs="+", help="results.csv files or folders holding them")
-    rp.add_argument("--out", default="build/report", help="folder for the figures")
+    rp.add_argument("results", nargs="+", type=_path, help="results.csv files or folders holding them")
+    rp.add_argument("--out", type=_path, default="build/report", help="folder for the figures")
     rp.set_defaults(func=cmd_report)
 
     bc = sub.add_parser("bench-cache", help="benchmark the cache and its peers in a lab of its own (~15 min)")
-    bc.add_argument("--out", default="build/bench/cache.json")
-    bc.add_argument("--repeats", type=int, default=5)
-    bc.add_argument("--large-mib", type=int, default=1024, help="size of the large object")
-    bc.add_argument("--peer-repeats", type=int, default=5, help="first epochs per method, data set and profile")
-    bc.add_argument("--peer-profiles", default="same-continent,cross-continent", help="lab profiles, comma-separated")
+    bc.add_argument("--out", type=_path, default="build/bench/cache.json")
+    bc.add_argument("--repeats", type=_whole(1, 1000), default=5)
+    bc.add_argument("--large-mib", type=_whole(1, 2**20), default=1024, help="size of the large object")
+    bc.add_argument("--peer-repeats", type=_whole(1, 1000), default=5, help="first epochs per method, data set and profile")
+    bc.add_argument("--peer-profiles", type=_names(list(PROFILES)), default="same-continent,cross-continent", help="lab profiles, comma-separated")
     bc.set_defaults(func=cmd_bench_cache)
 
     bs = sub.add_parser("bench-shards", help="shards through the cache vs files through it vs webdataset's cache, "
                                              "data larger than the budget, in a lab of its own (~5 min)")
-    bs.add_argument("--out", default="build/bench/shards.json", help="JSON; the figure goes beside it (.png)")
-    bs.add_argument("--samples", type=int, default=4096)
-    bs.add_argument("--sample-kib", type=int, default=64)
-    bs.add_argument("--shard-mb", type=float, default=4.0)
-    bs.add_argument("--budget-share", type=float, default=0.2, help="cache budget over the data set's bytes")
-    bs.add_argument("--epochs", type=int, default=3)
-    bs.add_argument("--repeats", type=int, default=5, help="runs of every method, each in a fresh process")
-    bs.add_argument("--workers", type=int, default=2, help="DataLoader workers, every method alike")
-    bs.add_argument("--batch", type=int, default=64)
+    bs.add_argument("--out", type=_path, default="build/bench/shards.json", help="JSON; the figure goes beside it (.png)")
+    bs.add_argument("--samples", type=_whole(1, 10**7), default=4096)
+    bs.add_argument("--sample-kib", type=_whole(1, 2**20), default=64)
+    bs.add_argument("--shard-mb", type=_MB, default=4.0)
+    bs.add_argument("--budget-share", type=_amount(0, 1, low_open=True), default=0.2, help="cache budget over the data set's bytes")
+    bs.add_argument("--epochs", type=_whole(1, 1000), default=3)
+    bs.add_argument("--repeats", type=_whole(1, 1000), default=5, help="runs of every method, each in a fresh process")
+    bs.add_argument("--workers", type=_whole(0, 1024), default=2, help="DataLoader workers, every method alike")
+    bs.add_argument("--batch", type=_whole(1, 10**6), default=64)
     bs.add_argument("--profile", choices=list(PROFILES), default="same-continent", help="lab region profile")
     bs.set_defaults(func=cmd_bench_shards)
     bt = sub.add_parser("bench-train", help="where a training epoch's time goes: real JPEGs, decoders, workers, the cache "
                                             "cold, warm and with decode-once, in a lab of its own (~10 min)")
-    bt.add_argument("--out", default="build/bench/train.json")
-    bt.add_argument("--images", type=int, default=800, help="flower JPEGs (a fifth per class)")
-    bt.add_argument("--batch", type=int, default=32)
-    bt.add_argument("--repeats", type=int, default=5, help="warm epochs per reader, and cold-epoch runs")
-    bt.add_argument("--plain-files", type=int, default=4000, help="files in the cold-epoch vs plain-read comparison")
+    bt.add_argument("--out", type=_path, default="build/bench/train.json")
+    bt.add_argument("--images", type=_whole(5, 10**7), default=800, help="flower JPEGs (a fifth per class)")
+    bt.add_argument("--batch", type=_whole(1, 10**6), default=32)
+    bt.add_argument("--repeats", type=_whole(1, 1000), default=5, help="warm epochs per reader, and cold-epoch runs")
+    bt.add_argument("--plain-files", type=_whole(1, 10**7), default=4000, help="files in the cold-epoch vs plain-read comparison")
     bt.add_argument("--compute", choices=list(COMPUTE_PROFILES), default="resnet50-h100-amp",
                     help="the emulated accelerator AU is measured against")
     bt.add_argument("--profile", choices=list(PROFILES), default="same-continent", help="lab region profile")
@@ -397,19 +468,21 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dataferry`` console script. Errors print one line and exit 2."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(name)s: %(message)s", stream=sys.stderr)
-    from dataferry.errors import DataferryError
-
+    """Entry point of the ``dataferry`` console script. Errors print one line and exit 2; Ctrl-C, at any moment
+    (while it starts up too), one line and 130."""
     try:
-        with warnings.catch_warnings():
-            warnings.showwarning = _one_line_warning
-            return args.func(args)
-    except (DataferryError, ValueError) as e:
-        print(f"dataferry: error: {e}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                            format="%(name)s: %(message)s", stream=sys.stderr)
+        from dataferry.errors import DataferryError
+
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = _one_line_warning
+                return args.func(args)
+        except (DataferryError, ValueError, OSError) as e:
+            print(f"dataferry: error: {e}", file=sys.stderr)
+            return 2
     except KeyboardInterrupt:
         print("dataferry: interrupted", file=sys.stderr)
         return 130

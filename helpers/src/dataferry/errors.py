@@ -39,6 +39,9 @@ def byte_count(name: str, value: object, *, unset: str = "") -> int:
     if not math.isfinite(number) or number < 0:
         raise BadArgument(f"{name}={value!r} is not a byte count: give a finite number >= 0"
                           + (f" ({unset})" if unset else ""))
+    if number >= 2**63:
+        raise BadArgument(f"{name}={value!r} is more bytes than any disk holds: give a byte count below 2**63"
+                          + (f" ({unset})" if unset else ""))
     return int(number)
 
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dataferry.errors import BadArgument
+
 __all__ = ["ComputeProfile", "PROFILES", "EmulatedCompute", "TorchCompute", "EpochReport", "feed", "measure_profile", "sample_ms",
            "image_sample", "small_cnn"]
 
@@ -189,8 +191,8 @@ class TorchCompute:
         import torch
 
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError("TorchCompute on 'cuda' needs a CUDA device and torch.cuda.is_available() is False "
-                               "here: use EmulatedCompute(profile), or device='cpu'")
+            raise BadArgument("TorchCompute on 'cuda' needs a CUDA device and torch.cuda.is_available() is False "
+                              "here: use EmulatedCompute(profile), or device='cpu'")
         if model == "smallcnn":
             model = small_cnn()
         elif isinstance(model, str):

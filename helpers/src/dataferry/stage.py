@@ -33,6 +33,9 @@ def width_for(source: Source) -> int:
     return BUCKET_IN_FLIGHT if fetches_async(source) else DEFAULT_WORKERS
 
 
+MAX_IN_FLIGHT = 4096  # more fills at once than any disk or connection pool serves (a thread each, from a folder)
+
+
 def _width(source: Source, workers: int | None, in_flight: int | None) -> int:
     """How many fills :func:`stage` runs at once: ``in_flight``, or the older ``workers`` (questioned when it
     caps a bucket below its default), or :func:`width_for` the source."""
@@ -41,8 +44,8 @@ def _width(source: Source, workers: int | None, in_flight: int | None) -> int:
     name, width = ("workers", workers) if workers is not None else ("in_flight", in_flight)
     if width is None:
         return width_for(source)
-    if type(width) is not int or width < 1:
-        raise BadArgument(f"in_flight={width!r}: give a whole number >= 1 of fills at once "
+    if type(width) is not int or not 1 <= width <= MAX_IN_FLIGHT:
+        raise BadArgument(f"in_flight={width!r}: give a whole number of fills at once, 1 to {MAX_IN_FLIGHT} "
                           f"(default {width_for(source)} for {source.uri})")
     if name == "workers" and fetches_async(source) and width < BUCKET_IN_FLIGHT:
         warnings.warn(f"stage(workers={width}) caps {source.uri} at {width} downloads in flight; a bucket's "

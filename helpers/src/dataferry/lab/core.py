@@ -386,6 +386,9 @@ class Lab(LabBuckets):
         if point in self._mounts:
             self._mounts[point].unmount()
             return
+        if not mounts.is_mounted(point) and point not in self.state.get("mounts", {}):
+            raise LabError(f"{point} is not a mount of this lab ({self.state_dir}): nothing to unmount; "
+                           "`dataferry lab status` lists its mounts")
         mounts.unmount(point)
         with self._locked():
             state = self.state

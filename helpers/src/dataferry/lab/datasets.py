@@ -25,6 +25,8 @@ from pathlib import Path
 
 import google_crc32c
 
+from dataferry.errors import BadArgument
+
 __all__ = ["LogNormal", "SyntheticDataset", "plan_dataset", "sample_bytes", "crc32c_b64"]
 
 
@@ -36,6 +38,12 @@ class LogNormal:
     sigma: float = 1.0
     min_bytes: int = 1
     max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma >= 0):
+            raise BadArgument(f"sigma={self.sigma!r}: the spread of a log-normal is a finite number >= 0")
+        if type(self.median_bytes) is not int or self.median_bytes < 1:
+            raise BadArgument(f"median_bytes={self.median_bytes!r}: give a whole number of bytes >= 1")
 
     def sample(self, rng: random.Random) -> int:
         size = int(round(rng.lognormvariate(math.log(self.median_bytes), self.sigma)))

@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from dataferry.cache import Cache, DamagedAtSource
 from dataferry.shards.make import INDEX, read_index
 from dataferry.shards.tar import ShardFormatError, samples
-from dataferry.sources import Entry, EntryTable, Source
+from dataferry.sources import Entry, EntryTable, NotFoundAtSource, Source
 
 __all__ = ["ShardDataset"]
 
@@ -65,8 +65,8 @@ class ShardDataset(IterableDataset):
         listed = (sorted((e for e in source.list() if e.name.endswith(".tar")), key=lambda e: e.name)
                   if shards is None else [source.stat(n) for n in shards])
         if not listed:
-            raise FileNotFoundError(f"no .tar shards in {getattr(source, 'uri', source)}: check the path, or make "
-                                    "them with `dataferry shards make`")
+            raise NotFoundAtSource(f"no .tar shards in {getattr(source, 'uri', source)}: check the path, or make "
+                                   "them with `dataferry shards make`")
         listed, self.counts = _from_index(source, listed, every=shards is None)
         self.shards = EntryTable(listed)
         self._biggest = max(e.size for e in listed)

@@ -19,7 +19,8 @@ from dataferry.cache import Cache
 from dataferry.cache.checksum import file_crc
 from dataferry.progress import progress_bar
 from dataferry.shards.tar import ShardFormatError, TarShardWriter, split_name
-from dataferry.sources import Entry, NotFoundAtSource, Source, from_uri, where
+from dataferry.errors import BadArgument
+from dataferry.sources import Entry, GCSSource, NotFoundAtSource, Source, from_uri, where
 
 __all__ = ["SHARD_BYTES", "INDEX", "ShardInfo", "make_shards", "read_index"]
 
@@ -83,6 +84,17 @@ def _plan(entries: Sequence[Entry], shard_bytes: int) -> list[list[tuple[str, li
 class _Destination:
     """A folder, or ``gs://bucket/prefix`` (google-cloud-storage, CRC32C-checked uploads)."""
 
+    @staticmethod
+    def check(dest: str | os.PathLike[str]) -> None:
+        """Refuse a destination that cannot work before anything is read or made."""
+        uri = str(dest)
+        if uri.startswith("gs://"):
+            GCSSource(uri[5:].partition("/")[0])  # checks the bucket's name
+        elif not uri.strip():
+            raise BadArgument("dest='': give a folder or gs://bucket/prefix for the shards")
+        elif os.path.exists(uri) and not os.path.isdir(uri):
+            raise BadArgument(f"{uri} is a file: the shards and their index go into a folder; choose another path")
+
     def __init__(self, dest: str | os.PathLike[str], client: Any = None) -> None:
         self.uri = str(dest)
         if self.uri.startswith("gs://"):
@@ -114,10 +126,13 @@ def make_shards(source: Source | str, dest: str | os.PathLike[str], *, shard_byt
     ``gs://bucket/prefix``), then write ``index.json`` there. Files sort by name and group into samples by
     key (``0001.jpg`` and ``0001.cls`` make sample ``0001``). ``client``: the google-cloud-storage client for
     a bucket given as a string (default ``storage.Client()``). Returns the shards' index entries."""
+    if type(shard_bytes) is not int or shard_bytes < 1:
+        raise BadArgument(f"shard_bytes={shard_bytes!r}: give a whole number of bytes >= 1 (e.g. 64 << 20)")
     src = from_uri(source, client) if isinstance(source, str) else source
+    _Destination.check(dest)
     entries = sorted(src.list() if names is None else (src.stat(n) for n in names), key=lambda e: e.name)
     if not entries:
-        raise FileNotFoundError(f"nothing to pack in {getattr(src, 'uri', src)}: check the path")
+        raise NotFoundAtSource(f"nothing to pack in {getattr(src, 'uri', src)}: check the path")
     plan = _plan(entries, shard_bytes)
     out = _Destination(dest, client)
     shards: list[ShardInfo] = []

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import builtins
 import os
+import re
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from dataferry.errors import BadArgument
 from dataferry.sources.base import (DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, NoCredentials, NotFoundAtSource,
                                     where)
 from dataferry.sources.retries import Attempts, retry_policy
 
 __all__ = ["GCSSource", "POOL_SIZE", "signed_in_client"]
+
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")  # GCS's bucket names
 
 
 class GCSSource:
@@ -26,8 +30,9 @@ class GCSSource:
 
     def __init__(self, bucket: str, prefix: str = "", client: Any = None, *,
                  retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S) -> None:
-        if not bucket or "/" in bucket:
-            raise ValueError(f"invalid bucket name {bucket!r}: give the bare name, e.g. 'my-data'")
+        if not isinstance(bucket, str) or not _BUCKET.fullmatch(bucket):
+            raise BadArgument(f"invalid bucket name {bucket!r}: give the bare name (3-222 of a-z, 0-9, '-', '_', '.'; "
+                              "no gs://, no '/'), e.g. 'my-data'")
         self.bucket = bucket
         # A prefix is a folder: "train" lists train/..., never train_old/...
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""

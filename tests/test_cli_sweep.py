@@ -1,0 +1,143 @@
+"""Every subcommand of the ``dataferry`` command, given missing, empty, wrong-type, negative, huge and NaN
+arguments: one line (``dataferry: error: ...``), a non-zero exit status, and nothing created or changed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dataferry.cli import main
+
+BAD_COUNTS = ["0", "-1", "nan", "abc", "", "1e30", "1000000000"]
+BAD_AMOUNTS = ["-1", "nan", "inf", "abc", "", "1e30"]
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def _cases(s: str, c: str, cache: str, f: str, mnt: str, state: str) -> list[list[str]]:
+    """(s: a folder with files, c: a path that does not exist, cache: an existing cache, f: a file, mnt: a folder
+    that is not a mount, state: a lab state folder that does not exist)"""
+    cases: list[list[str]] = [[], ["nonsense"], ["stage"], ["stage", s], ["stage", "", "--cache", c],
+                              ["stage", s, "--cache", ""], ["stage", f"{s}/missing", "--cache", c],
+                              ["stage", "gs://", "--cache", c], ["stage", "gs://Bad Bucket!/x", "--cache", c],
+                              ["stage", f, "--cache", c]]
+    for option, values in (("--in-flight", BAD_COUNTS), ("--workers", BAD_COUNTS), ("--max-bytes", BAD_AMOUNTS),
+                           ("--min-free-bytes", BAD_AMOUNTS), ("--rank", ["-1", "abc", "1", "nan"]),
+                           ("--world-size", ["0", "-1", "abc", "1e30"])):
+        cases += [["stage", s, "--cache", c, option, v] for v in values]
+    for command in ("inspect", "verify", "prune", "clear"):
+        extra = ["--max-bytes", "1"] if command == "prune" else []
+        cases += [["cache", command, *extra], ["cache", command, "", *extra], ["cache", command, c, *extra],
+                  ["cache", command, f, *extra]]
+    cases += [["cache", "prune", cache, "--max-bytes", v] for v in BAD_AMOUNTS]
+    cases += [["cache"], ["shards"], ["shards", "make"], ["shards", "make", s], ["shards", "make", "", c],
+              ["shards", "make", s, ""], ["shards", "make", f"{s}/missing", c], ["shards", "make", s, f],
+              ["shards", "make", "gs://", c], ["shards", "make", "gs://Bad Bucket!/x", c], ["shards", "make", mnt, c]]
+    cases += [["shards", "make", s, c, "--shard-mb", v] for v in ["0", "-1", "1e30", "nan", "abc", "", "inf"]]
+    cases += [["bench", ""], ["bench", s, "--lab"], ["bench", s, "--methods", ""], ["report"], ["report", ""],
+              ["report", c]]
+    for option, values in (("--passes", ["0", "-1", "nan", "1e30"]), ("--repeats", ["0", "-1", "abc"]),
+                           ("--files", ["0", "-1", "1e30"]), ("--file-kib", ["0", "-5"]), ("--workers", ["-1", "nan"]),
+                           ("--seed", ["abc", "nan"]), ("--out", [""]), ("--json", [""])):
+        cases += [["bench", s, "--out", c, option, v] for v in values]
+    for command, options in (("bench-cache", {"--repeats": ["0", "-1"], "--large-mib": ["0", "-1", "1e30"],
+                                              "--peer-repeats": ["0"], "--peer-profiles": ["", "nowhere"],
+                                              "--out": [""]}),
+                             ("bench-shards", {"--samples": ["0", "-1"], "--sample-kib": ["0"],
+                                               "--shard-mb": ["0", "nan", "-1"], "--budget-share": ["0", "2", "nan"],
+                                               "--epochs": ["0"], "--repeats": ["0"], "--workers": ["-1"],
+                                               "--batch": ["0"], "--out": [""]}),
+                             ("bench-train", {"--images": ["0", "-1"], "--batch": ["0"], "--repeats": ["0"],
+                                              "--plain-files": ["0", "-1"], "--out": [""]})):
+        for option, values in options.items():
+            cases += [[command, option, v] for v in values]
+    lab = ["lab", "--state-dir", state]
+    cases += [["lab"], ["lab", "--state-dir", "", "status"], [*lab, "up", "--port", "0"],
+              [*lab, "up", "--port", "70000"], [*lab, "up", "--port", "abc"], [*lab, "up", "--profile", "nowhere"],
+              [*lab, "profile", "nowhere"], [*lab, "mount"], [*lab, "unmount"], [*lab, "unmount", mnt],
+              [*lab, "unmount", ""], [*lab, "dataset"], [*lab, "dataset", "b"]]
+    for option, values in (("--files", ["0", "-1", "abc", "1e30"]), ("--size", ["-1", "abc", "nan"]),
+                           ("--sigma", ["-1", "nan", "inf"]), ("--shard-mb", ["-1", "nan", "1e30", "inf"]),
+                           ("--prefix", [""]), ("--seed", ["abc"])):
+        base = {"--files": "10", "--size": "100"}
+        base[option] = "x"
+        args = [a for k, v in base.items() if k != option for a in (k, v)]
+        cases += [[*lab, "dataset", "b", *args, option, v] for v in values]
+    return cases
+
+
+def test_every_bad_command_line_is_one_line_a_failing_status_and_changes_nothing(tmp_path, capsys, monkeypatch):
+    from dataferry import Cache
+
+    s = tmp_path / "src"
+    s.mkdir()
+    (s / "a.bin").write_bytes(b"a" * 100)
+    cache = tmp_path / "cache"
+    Cache(cache, min_free_bytes=0)
+    (tmp_path / "afile").write_text("a file")
+    (tmp_path / "mnt").mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("DATAFERRY_LAB_STATE", str(tmp_path / "labstate"))
+    import dataferry.bench
+    import dataferry.lab.cachebench
+    import dataferry.lab.core
+    import dataferry.lab.methodsbench
+    import dataferry.lab.shardbench
+    import dataferry.lab.trainbench
+    import dataferry.utilisation
+
+    class Ran(Exception):
+        """A bad command line got as far as real work (a guard: the command should have refused it)."""
+
+    def ran(*a, **k):
+        raise Ran("it ran")
+
+    for module, name in ((dataferry.lab.cachebench, "bench_cache"), (dataferry.lab.shardbench, "bench_shards"),
+                         (dataferry.lab.trainbench, "bench_train"), (dataferry.bench, "bench_source"),
+                         (dataferry.lab.methodsbench, "bench_lab"), (dataferry.lab.methodsbench, "bench_au_lab"),
+                         (dataferry.utilisation, "bench_au"), (dataferry.lab.core.Lab, "up"),
+                         (dataferry.lab.core.Lab, "make_dataset"), (dataferry.lab.core.Lab, "mount")):
+        monkeypatch.setattr(module, name, ran)
+    before = _tree(tmp_path)
+    failed = []
+    for argv in _cases(str(s), str(tmp_path / "new"), str(cache), str(tmp_path / "afile"), str(tmp_path / "mnt"),
+                       str(tmp_path / "state")):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        except BaseException as e:  # noqa: BLE001 - a traceback is a failure of this test
+            failed.append(f"{argv}: raised {type(e).__name__}: {e}")
+            continue
+        out, err = capsys.readouterr()
+        lines = [line for line in err.splitlines() if line.strip()]
+        problems = []
+        if not isinstance(code, int) or code == 0:
+            problems.append(f"exit {code!r}")
+        if len(lines) != 1 or not lines[0].startswith("dataferry: error:"):
+            problems.append(f"stderr {err!r}")
+        if out.strip():
+            problems.append(f"stdout {out[:200]!r}")
+        after = _tree(tmp_path)
+        if after != before:
+            changed = sorted(set(after.items()) ^ set(before.items()))
+            problems.append(f"changed {changed[:3]}")
+            for name in set(after) - set(before):
+                path = tmp_path / name
+                if path.is_file():
+                    path.unlink()
+            for name in sorted(set(after) - set(before), reverse=True):
+                if (tmp_path / name).is_dir():
+                    (tmp_path / name).rmdir()
+        if problems:
+            failed.append(f"{argv}: {'; '.join(problems)}")
+            before = _tree(tmp_path)
+    assert not failed, f"{len(failed)} bad command lines misbehaved:\n" + "\n".join(failed)

@@ -144,3 +144,58 @@ def test_a_bucket_numbers_an_empty_folder_placeholder_as_a_class_as_a_gcsfuse_mo
     assert ds.samples == [("cat/1.jpg", 1), ("dog/sub/2.jpg", 2)]
     with pytest.raises(FileNotFoundError, match="bird"):
         CachedImageFolder(source, Cache(tmp_path / "c", min_free_bytes=0))
+
+
+def _bad_images(root):
+    """A class folder holding a good image and three bad ones."""
+    good = flower_jpeg("roses", 1)
+    _jpeg(root / "cat" / "0-good.jpg")
+    (root / "cat" / "1-truncated.jpg").write_bytes(good[: len(good) // 2])
+    (root / "cat" / "2-garbage.jpg").write_bytes(b"\x89PNG not really" + bytes(range(256)) * 20)
+    _jpeg(root / "cat" / "3-bomb.jpg", 3)  # over the pixel limit the test sets
+
+
+@pytest.mark.parametrize("decode_once", [None, 64])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_image_is_one_error_that_names_it(tmp_path, monkeypatch, decode_once, workers):
+    """Truncated, not an image, a decompression bomb: each says which object and what to do (PIL's own message
+    named '<_io.BytesIO object at 0x...>'), with and without decode-once, in DataLoader workers too."""
+    import torchvision.transforms.v2  # noqa: F401
+    from PIL import Image
+    from torch.utils.data import DataLoader
+
+    from dataferry import DataferryError
+
+    root = tmp_path / "data"
+    _bad_images(root)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 30_000)  # a flower has ~190,000: over twice this is a bomb
+    ds = CachedImageFolder(LocalSource(root), Cache(tmp_path / "c", min_free_bytes=0), decode_once=decode_once,
+                           transform=torchvision.transforms.v2.Resize((32, 32)) if decode_once else
+                           torchvision.transforms.Compose([torchvision.transforms.Resize((32, 32)),
+                                                           torchvision.transforms.PILToTensor()]))
+    for i in (1, 2, 3):
+        name = ds.samples[i][0]
+        loader = DataLoader(torch.utils.data.Subset(ds, [i]), num_workers=workers)
+        with pytest.raises(Exception) as caught:
+            next(iter(loader))
+        text = str(caught.value)
+        said = text.strip().splitlines()[-1]  # a worker's error carries its traceback before the message
+        assert name in said and "BytesIO" not in said, text
+        assert "is_valid_file" in text or "MAX_IMAGE_PIXELS" in text, text
+        if workers == 0:
+            assert isinstance(caught.value, DataferryError) and isinstance(caught.value, OSError)
+            assert len(text.splitlines()) == 1, text
+
+
+def test_a_sample_that_became_a_folder_since_the_listing_is_named_as_such(tmp_path):
+    from dataferry import DataferryError
+
+    root = tmp_path / "data"
+    _jpeg(root / "cat" / "1.jpg")
+    _jpeg(root / "cat" / "2.jpg", 2)
+    ds = CachedImageFolder(LocalSource(root), Cache(tmp_path / "c", min_free_bytes=0))
+    (root / "cat" / "2.jpg").unlink()
+    (root / "cat" / "2.jpg").mkdir()
+    with pytest.raises(DataferryError, match=r"cat/2\.jpg.*folder") as caught:
+        ds[1]
+    assert "Errno" not in str(caught.value)

@@ -18,9 +18,9 @@ from typing import Any, cast
 from torch.utils.data import Dataset, Sampler
 
 from dataferry.cache import Cache
-from dataferry.decode import DecodedImages, pil_loader, pixels
+from dataferry.decode import DecodedImages, image_errors, pil_loader, pixels
 from dataferry.sources import (ChangedAtSource, Entry, EntryTable, NotFoundAtSource, Source, reads_wait_on_network,
-                               top_folders)
+                               top_folders, where)
 from dataferry.stage import Prefetcher
 
 __all__ = ["CachedDataset", "CachedImageFolder", "PrefetchingSampler", "SourceDataset", "IMG_EXTENSIONS", "pil_loader"]
@@ -178,7 +178,9 @@ class CachedImageFolder(CachedDataset):
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         if self.decoded is None:
-            sample = self.loader(self._bytes(index))
+            data = self._bytes(index)
+            with image_errors(where(self.source, self.entry(index).name)):
+                sample = self.loader(data)
         else:
             sample = pixels(self._bytes(index, self.decoded), self.decoded.size)
         target: Any = self.targets[range(len(self.entries))[index]]

@@ -19,18 +19,45 @@ there.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from dataferry.cache import Cache
-from dataferry.errors import BadArgument
-from dataferry.sources import Entry, Source
+from dataferry.errors import BadArgument, DataferryError
+from dataferry.sources import Entry, Source, where
 
-__all__ = ["DECODERS", "DecodeOnDevice", "DecodedImages", "collate_encoded", "decode_image", "encoded", "pil_loader",
+__all__ = ["BadImage", "image_errors", "DECODERS", "DecodeOnDevice", "DecodedImages", "collate_encoded", "decode_image", "encoded", "pil_loader",
            "pil_reduced", "pixels", "random_boxes", "torchvision_decode"]
 
 _VERSION = 1  # of the decoding below: a change to it must change every derived key
+
+
+class BadImage(DataferryError, OSError):
+    """An object that does not decode as an image (damaged, cut short, not an image, or too large to trust):
+    the message names it and what to do. An ``OSError``, as PIL's own errors for such files are."""
+
+
+@contextlib.contextmanager
+def image_errors(where: str) -> Iterator[None]:
+    """A decoder's error for the image at ``where`` (PIL's, torchvision's: they name a buffer, not the object) as
+    one :class:`BadImage` line that names it."""
+    from PIL import Image
+
+    try:
+        yield
+    except BadImage:
+        raise
+    except Image.DecompressionBombError as e:
+        raise BadImage(f"{where} is too large to decode safely ({e}): if you trust it, raise "
+                       "PIL.Image.MAX_IMAGE_PIXELS (in every DataLoader worker too), else leave it out with "
+                       "is_valid_file") from None
+    except (OSError, ValueError, SyntaxError, RuntimeError) as e:
+        why = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "it", str(e)).strip() or type(e).__name__
+        raise BadImage(f"{where} does not decode as an image ({why}): it is damaged, cut short or not an image; "
+                       "replace or remove it, or leave it out with is_valid_file") from None
 
 
 def pil_loader(data: bytes) -> Any:
@@ -252,7 +279,10 @@ class DecodedImages:
     def fetch(self, entry: Entry, out: BinaryIO, start: int = 0, timeout: float | None = None) -> int:
         """Decode the source object (its bytes read through the cache, so they are cached too) and write
         the pixels from ``start``."""
-        data = decode_image(self.cache.read_verified(self.source, self._original(entry)), self.size, self.draft)
+        original = self._original(entry)
+        data = self.cache.read_verified(self.source, original)
+        with image_errors(where(self.source, original.name)):
+            data = decode_image(data, self.size, self.draft)
         out.write(data[start:] if start else data)
         return len(data) - start
 

@@ -105,11 +105,15 @@ class LocalSource:
         finally:
             os.close(fd)
         if not statmod.S_ISREG(st.st_mode):
-            raise NotFoundAtSource(f"{where(self, name)} is not a regular file")
+            what = "a folder" if statmod.S_ISDIR(st.st_mode) else "not a regular file"
+            raise NotFoundAtSource(f"{where(self, name)} is {what}, not a file: list the source again")
         return self._entry(name, st)
 
     def fetch(self, entry: Entry, out: BinaryIO, start: int = 0, timeout: float | None = None) -> int:
         fd = self._open(entry.name)
+        if not statmod.S_ISREG(os.fstat(fd).st_mode):  # a folder or a device in its place since it was listed
+            os.close(fd)
+            raise ChangedAtSource(f"{where(self, entry.name)} is no longer a file: list again")
         with open(fd, "rb", closefd=True) as f:
             if self._entry(entry.name, os.fstat(f.fileno())).version != entry.version:
                 raise ChangedAtSource(f"{where(self, entry.name)} changed since it was listed: list again")

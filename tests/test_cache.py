@@ -436,3 +436,38 @@ def test_a_disk_that_returns_damaged_bytes_is_a_local_disk_error_and_never_serve
     monkeypatch.setattr(core, "_read_all", real)
     assert cache.read_verified(source, "a.bin") == b"good bytes " * 1000, "a sound disk reads it again"
     assert issubclass(DamagedAtSource, SourceError) and issubclass(DamagedAtSource, ChecksumError)
+
+
+def test_stat_keeps_to_the_sources_retry_deadline(lab, lab_env, dataset, tmp_path):
+    """GCSSource.stat is retried by the source's own policy, within its retry_deadline_s (google's default retry
+    ran for 120 s and ignored it), and says how it ended."""
+    ds, source = dataset
+    e = next(iter(source.list()))
+    quick = GCSSource(source.bucket, source.prefix, retry_deadline_s=2)
+    lab.toxiproxy.add_toxic("gcs", {"name": "down", "type": "reset_peer", "toxicity": 1.0, "attributes": {"timeout": 0}})
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match=r"kept failing for \d+ s \(\d+ attempts"):
+            quick.stat(e.name)
+        assert time.monotonic() - t0 < 10
+    finally:
+        lab.toxiproxy.remove_toxic("gcs", "down")
+    assert quick.stat(e.name) == e
+
+
+def test_the_api_baseline_retries_and_resumes_a_read_cut_by_the_network(lab, lab_env, lab_bucket):
+    """SourceDataset (a Dataset that downloads in __getitem__, the course's baseline) is retried as a user's
+    google-cloud-storage read is, resuming where the cut came: it used to fail at the first reset."""
+    from dataferry.dataset import SourceDataset
+
+    ds = plan_dataset(4, 2_000_000, prefix="b", seed=5, shard_bytes=None).upload(lab_bucket)
+    source = GCSSource(lab_bucket.name, "b/files/")
+    entries = sorted(source.list(), key=lambda e: e.name)
+    baseline = SourceDataset(source, entries)
+    lab.toxiproxy.add_toxic("gcs", {"name": "cuts", "type": "limit_data", "stream": "downstream", "toxicity": 1.0,
+                                    "attributes": {"bytes": 700_000}})
+    try:
+        got = [baseline[i] for i in range(len(entries))]
+    finally:
+        lab.toxiproxy.remove_toxic("gcs", "cuts")
+    assert got == [ds.content(e.name) for e in entries]

@@ -10,17 +10,20 @@ object plus its name, version and checksum, in a few flat buffers that forked wo
 
 from __future__ import annotations
 
-import io
+import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, cast
 
 from torch.utils.data import Dataset, Sampler
 
-from dataferry.cache import Cache
+from dataferry.cache import Cache, DamagedAtSource
+from dataferry.cache.checksum import b64
+from dataferry.cache.fill import MIN_FILL_BYTES_PER_S, damage
+from dataferry.cache.transport import Sink, fetch_whole
 from dataferry.decode import DecodedImages, image_errors, pil_loader, pixels
-from dataferry.sources import (ChangedAtSource, Entry, EntryTable, NotFoundAtSource, Source, reads_wait_on_network,
-                               top_folders, where)
+from dataferry.sources import (DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, EntryTable, NotFoundAtSource,
+                               Source, reads_wait_on_network, top_folders, where)
 from dataferry.stage import Prefetcher
 
 __all__ = ["CachedDataset", "CachedImageFolder", "PrefetchingSampler", "SourceDataset", "IMG_EXTENSIONS", "pil_loader"]
@@ -213,7 +216,9 @@ def _no_valid_file(uri: str, empty: list[str], listed: list[Entry]) -> str:
 class SourceDataset(Dataset):
     """Sample ``i`` is ``decode(bytes of entries[i])`` read straight from ``source`` on every access, with no
     cache: what a Dataset over a Drive or gcsfuse mount, or one that downloads in ``__getitem__``, does.
-    The course's baseline for every method that pays the remote each epoch."""
+    The course's baseline for every method that pays the remote each epoch. Each read is retried as a
+    google-cloud-storage read is (transient errors, within the source's ``retry_deadline_s``), resuming from
+    the bytes it has, and checked against the object's size and CRC32C, as the cache's are."""
 
     def __init__(self, source: Source, entries: Iterable[Entry], decode: Callable[[bytes], Any] | None = None) -> None:
         self.source, self.decode = source, decode
@@ -223,9 +228,15 @@ class SourceDataset(Dataset):
         return len(self.entries)
 
     def __getitem__(self, index: int) -> Any:
-        buf = io.BytesIO()
-        self.source.fetch(self.entries[index], buf)
-        data = buf.getvalue()
+        entry = self.entries[index]
+        sink = Sink("", entry.size, held=True)
+        patience = max(getattr(self.source, "retry_deadline_s", DEFAULT_RETRY_DEADLINE_S),
+                       entry.size / MIN_FILL_BYTES_PER_S)
+        n, crc = fetch_whole(self.source, entry, sink, time.monotonic() + patience, lambda **_: None)
+        why = damage(entry, n, b64(crc))
+        if why:
+            raise DamagedAtSource(f"{where(self.source, entry.name)}: {why}; the object or the connection is damaged")
+        data = bytes(sink.held or b"")
         return self.decode(data) if self.decode is not None else data
 
     def __repr__(self) -> str:

@@ -106,7 +106,14 @@ class GCSSource:
         return sorted(p[len(self.prefix):].rstrip("/") for p in blobs.prefixes)
 
     def stat(self, name: str) -> Entry:
-        blob = self._bucket().get_blob(self.prefix + name)
+        """The object's current entry, asked for with the source's retry policy (within ``retry_deadline_s``)."""
+        from google.api_core.exceptions import RetryError
+
+        attempts = Attempts()
+        try:
+            blob = self._bucket().get_blob(self.prefix + name, retry=retry_policy(self.retry_deadline_s, attempts))
+        except RetryError as e:
+            raise attempts.gave_up(f"asking for {where(self, name)}", e.cause) from e.cause
         if blob is None:
             raise self._missing(repr(name))
         return self._entry(blob)

@@ -188,6 +188,15 @@ def test_raw_errors_of_the_api_are_dataferry_errors_that_say_what_to_do(tmp_path
     assert not (tmp_path / "o2").exists() and not (tmp_path / "out").exists() and not (tmp_path / "k").exists()
 
 
+def test_an_empty_cache_path_is_refused_and_the_current_folder_untouched(tmp_path, monkeypatch):
+    """Path("") is the current folder: a cache there writes CACHEDIR.TAG ('safe to delete') beside a user's notebooks."""
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", "  "):
+        with pytest.raises(DataferryError, match="empty"):
+            Cache(empty)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_torch_compute_on_cuda_without_cuda_is_a_bad_argument():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -85,6 +85,9 @@ class Cache:
         max_refetches: int = 2,
         retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S,
     ) -> None:
+        if isinstance(root, str) and not root.strip():
+            raise BadArgument(f"Cache({root!r}): an empty path would make the current folder a cache (and mark it "
+                              "safe to delete); give a folder, e.g. /content/cache")
         self.root = Path(root).absolute()
         self.max_bytes = None if max_bytes is None else byte_count("max_bytes", max_bytes, unset="None: no cap")
         self.min_free_bytes = byte_count("min_free_bytes", min_free_bytes, unset="0 keeps nothing free")

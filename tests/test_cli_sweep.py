@@ -3,10 +3,10 @@ arguments: one line (``dataferry: error: ...``), a non-zero exit status, and not
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
 
 from dataferry.cli import main
 
@@ -71,13 +71,12 @@ def _cases(s: str, c: str, cache: str, f: str, mnt: str, state: str) -> list[lis
 
 
 def test_every_bad_command_line_is_one_line_a_failing_status_and_changes_nothing(tmp_path, capsys, monkeypatch):
-    from dataferry import Cache
-
     s = tmp_path / "src"
     s.mkdir()
     (s / "a.bin").write_bytes(b"a" * 100)
     cache = tmp_path / "cache"
-    Cache(cache, min_free_bytes=0)
+    subprocess.run([sys.executable, "-c", f"from dataferry import Cache; Cache({str(cache)!r}, min_free_bytes=0)"],
+                   check=True)  # made and closed by a process that is gone: nothing writes to it later
     (tmp_path / "afile").write_text("a file")
     (tmp_path / "mnt").mkdir()
     cwd = tmp_path / "cwd"

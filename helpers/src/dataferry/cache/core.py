@@ -248,32 +248,34 @@ class Cache:
                       f"{self}: {refusal}; reading it straight from the source", CacheFullWarning, stacklevel=6)
         return self._fills.stream_now(source, entry)
 
-    def _expected_crc(self, entry: Entry, key: str) -> str | None:
-        """What a copy of ``entry`` must check against: the source's CRC32C, else the one its fill computed
-        (this thread's, just now; or the index's). A copy in place whose CRC32C is not recorded yet (another
-        process's fill, its row still to come) is waited for through its fill lock, held until the row is
-        written; None when there is still none (a copy no fill vouches for)."""
+    def _known_crc(self, entry: Entry, key: str, wait: bool = True) -> str | None:
+        """What a copy of ``entry`` must check against, as known now: the source's CRC32C, else the one its fill
+        computed (this thread's, just now; or the index's). Asked before the copy is read, while its row is there
+        (an eviction right after the read would take the row, not the bytes read)."""
         filled = getattr(self._local, "filled", None)
         self._local.filled = None
         if entry.crc32c:
             return entry.crc32c
         if filled and filled[0] == key:
             return str(filled[1])
-        crc = self._index.stored_crc(key)
-        if crc is None:
-            with self._locks.hold(key):
-                crc = self._index.stored_crc(key)
-        return crc
+        return self._index.stored_crc(key, wait)
+
+    def _settled_crc(self, key: str) -> str | None:
+        """The CRC32C of a copy in place whose row was not written yet (another process's fill): its fill lock is
+        held until the row is, so wait for it; None when there is still none (a copy no fill vouches for)."""
+        with self._locks.hold(key):
+            return self._index.stored_crc(key)
 
     def _read_verified(self, source: Source, entry: Entry) -> bytes:
         """Every read back is checked, even of a copy filled a moment ago: the fill checked the bytes it
         received, and a failing disk can still return others."""
         key = self.key(source, entry)
         for _ in range(self.max_refetches + 1):
+            expected = self._known_crc(entry, key, wait=False)
             data, streamed = self._read(source, entry)
             if streamed:
                 return data
-            expected = self._expected_crc(entry, key)
+            expected = expected or self._known_crc(entry, key) or self._settled_crc(key)  # filled by this read
             if expected is not None and b64(google_crc32c.value(data)) == expected:
                 return data
             self._index.discard(key)
@@ -292,7 +294,7 @@ class Cache:
             c.update(chunk)
             n += len(chunk)
         f.seek(0)
-        expected = self._expected_crc(entry, key)
+        expected = self._known_crc(entry, key) or self._settled_crc(key)  # the file is held open: its row stays
         return n == entry.size and expected is not None and b64(c) == expected
 
     def open(self, source: Source, item: Entry | str) -> BinaryIO:

@@ -228,10 +228,10 @@ class Index:
 
         return self.renewed(rows)
 
-    def stored_crc(self, key: str) -> str | None:
-        """The CRC32C computed when ``key`` was filled: one query, and a wait for this process's pending
-        writes only when its row is not marked ready yet (it was filled a moment ago)."""
-        for pending in (False, True):
+    def stored_crc(self, key: str, wait: bool = True) -> str | None:
+        """The CRC32C computed when ``key`` was filled: one query, and (``wait``) a wait for this process's pending
+        writes when its row is not marked ready yet (it was filled a moment ago)."""
+        for pending in (False, True) if wait else (False,):
             if pending:
                 self.flush()
             row = self.renewed(lambda: self.db().execute("SELECT crc32c FROM entries WHERE key = ?", (key,)).fetchone())

@@ -37,13 +37,13 @@ from dataferry.checkpoints.destinations import (BucketDestination, CheckpointErr
                                                 FolderDestination, Listed, LocalWriteFailed, NameTaken)
 from dataferry.errors import BadArgument
 from dataferry.host import pid_alive
+from dataferry.sources.gcs import bucket_name
 
 __all__ = ["Checkpoints", "Saved", "CheckpointError", "CheckpointWarning"]
 
 TEMP = ".dataferry-checkpoint-"  # local copies being written or fetched, in the work folder
 TORN_AFTER_S = 60.0  # a record that is not JSON for this long was torn by its writer's end, not being written
 FOREIGN_CLAIM_S = 6 * 3600.0  # a save another machine started this long ago ended with it (a disconnect)
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
 
 
 class CheckpointWarning(UserWarning):
@@ -125,9 +125,7 @@ class Checkpoints:
         if not self.dest.startswith("gs://"):
             return FolderDestination(Path(self.dest), self.dest)
         bucket, _, prefix = self.dest[5:].partition("/")
-        if not _BUCKET.fullmatch(bucket):
-            raise BadArgument(f"dest={self.dest!r}: {bucket!r} is not a bucket name (3-222 of a-z, 0-9, '-', '_', "
-                              "'.'); give gs://bucket/prefix")
+        bucket_name(bucket)
         if client is None:
             from dataferry.sources.gcs import signed_in_client
 

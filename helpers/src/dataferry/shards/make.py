@@ -20,7 +20,8 @@ from dataferry.cache.checksum import file_crc
 from dataferry.progress import progress_bar
 from dataferry.shards.tar import ShardFormatError, TarShardWriter, split_name
 from dataferry.errors import BadArgument
-from dataferry.sources import Entry, GCSSource, NotFoundAtSource, Source, from_uri, where
+from dataferry.sources import Entry, NotFoundAtSource, Source, from_uri, where
+from dataferry.sources.gcs import bucket_name
 
 __all__ = ["SHARD_BYTES", "INDEX", "ShardInfo", "make_shards", "read_index"]
 
@@ -89,7 +90,7 @@ class _Destination:
         """Refuse a destination that cannot work before anything is read or made."""
         uri = str(dest)
         if uri.startswith("gs://"):
-            GCSSource(uri[5:].partition("/")[0])  # checks the bucket's name
+            bucket_name(uri[5:].partition("/")[0])
         elif not uri.strip():
             raise BadArgument("dest='': give a folder or gs://bucket/prefix for the shards")
         elif os.path.exists(uri) and not os.path.isdir(uri):

@@ -14,9 +14,18 @@ from dataferry.sources.base import (DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, E
                                     where)
 from dataferry.sources.retries import Attempts, retry_policy
 
-__all__ = ["GCSSource", "POOL_SIZE", "signed_in_client"]
+__all__ = ["GCSSource", "POOL_SIZE", "bucket_name", "signed_in_client"]
 
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")  # GCS's bucket names
+_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,220}[a-z0-9])?")  # GCS's bucket names
+
+
+def bucket_name(name: object) -> str:
+    """``name`` if it can name a bucket (a-z, 0-9, '-', '_', '.'; what Google's library would refuse with a raw
+    error, refused here in one line), else :class:`~dataferry.BadArgument`."""
+    if not isinstance(name, str) or not _BUCKET.fullmatch(name):
+        raise BadArgument(f"invalid bucket name {name!r}: give the bare name (up to 222 of a-z, 0-9, '-', '_', '.'; "
+                          "no gs://, no '/', no spaces), e.g. 'my-data'")
+    return name
 
 
 class GCSSource:
@@ -30,10 +39,7 @@ class GCSSource:
 
     def __init__(self, bucket: str, prefix: str = "", client: Any = None, *,
                  retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S) -> None:
-        if not isinstance(bucket, str) or not _BUCKET.fullmatch(bucket):
-            raise BadArgument(f"invalid bucket name {bucket!r}: give the bare name (3-222 of a-z, 0-9, '-', '_', '.'; "
-                              "no gs://, no '/'), e.g. 'my-data'")
-        self.bucket = bucket
+        self.bucket = bucket_name(bucket)
         # A prefix is a folder: "train" lists train/..., never train_old/...
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.uri = f"gs://{bucket}/{self.prefix}"

@@ -182,7 +182,7 @@ class CachedImageFolder(CachedDataset):
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         if self.decoded is None:
             data = self._bytes(index)
-            with image_errors(where(self.source, self.entry(index).name)):
+            with image_errors(lambda: where(self.source, self.entry(index).name)):
                 sample = self.loader(data)
         else:
             sample = pixels(self._bytes(index, self.decoded), self.decoded.size)

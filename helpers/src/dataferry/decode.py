@@ -41,9 +41,9 @@ class BadImage(DataferryError, OSError):
 
 
 @contextlib.contextmanager
-def image_errors(where: str) -> Iterator[None]:
-    """A decoder's error for the image at ``where`` (PIL's, torchvision's: they name a buffer, not the object) as
-    one :class:`BadImage` line that names it."""
+def image_errors(where: Callable[[], str]) -> Iterator[None]:
+    """A decoder's error for the image at ``where()`` (PIL's, torchvision's: they name a buffer, not the object) as
+    one :class:`BadImage` line that names it; ``where`` is called only then (a sample's read pays nothing for it)."""
     from PIL import Image
 
     try:
@@ -51,12 +51,12 @@ def image_errors(where: str) -> Iterator[None]:
     except BadImage:
         raise
     except Image.DecompressionBombError as e:
-        raise BadImage(f"{where} is too large to decode safely ({e}): if you trust it, raise "
+        raise BadImage(f"{where()} is too large to decode safely ({e}): if you trust it, raise "
                        "PIL.Image.MAX_IMAGE_PIXELS (in every DataLoader worker too), else leave it out with "
                        "is_valid_file") from None
     except (OSError, ValueError, SyntaxError, RuntimeError) as e:
         why = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "it", str(e)).strip() or type(e).__name__
-        raise BadImage(f"{where} does not decode as an image ({why}): it is damaged, cut short or not an image; "
+        raise BadImage(f"{where()} does not decode as an image ({why}): it is damaged, cut short or not an image; "
                        "replace or remove it, or leave it out with is_valid_file") from None
 
 
@@ -281,7 +281,7 @@ class DecodedImages:
         the pixels from ``start``."""
         original = self._original(entry)
         data = self.cache.read_verified(self.source, original)
-        with image_errors(where(self.source, original.name)):
+        with image_errors(lambda: where(self.source, original.name)):
             data = decode_image(data, self.size, self.draft)
         out.write(data[start:] if start else data)
         return len(data) - start

@@ -74,11 +74,14 @@ class Budget:
             return Refusal(f"the object is larger than the whole budget (max_bytes={self.max_bytes})")
         return None
 
-    def room_waits(self, entry: Entry) -> Iterator[float | None]:
+    def room_waits(self, entry: Entry, patient: bool = True) -> Iterator[float | None]:
         """One item per try at a reservation: the pause before the next try, None for the last
-        (room held by readers or fills in flight is waited for up to ``ROOM_WAIT_S``); no tries
-        at all for an object larger than the whole budget."""
+        (room held by readers or fills in flight is waited for up to ``ROOM_WAIT_S``; not at all
+        unless ``patient``: one try); no tries at all for an object larger than the whole budget."""
         if self.too_big(entry):
+            return
+        if not patient:
+            yield None
             return
         deadline, pause = time.monotonic() + ROOM_WAIT_S, 0.05
         while time.monotonic() < deadline:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import BinaryIO
 
 import google_crc32c
 
 from dataferry.cache.layout import CHUNK
 
-__all__ = ["b64", "file_crc", "combine", "value"]
+__all__ = ["b64", "file_crc", "stream_crc", "combine", "value"]
 
 _POLY = 0x82F63B78  # CRC-32C, reflected
 
@@ -31,11 +32,16 @@ def value(checksum: google_crc32c.Checksum) -> int:
 
 def file_crc(path: Path) -> tuple[int, str]:
     """(size, base64 CRC32C) of a file, read in chunks."""
-    c, n = google_crc32c.Checksum(), 0
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            c.update(chunk)
-            n += len(chunk)
+        return stream_crc(f)
+
+
+def stream_crc(f: BinaryIO) -> tuple[int, str]:
+    """(bytes, base64 CRC32C) of what is left to read in an open file, read in chunks."""
+    c, n = google_crc32c.Checksum(), 0
+    while chunk := f.read(CHUNK):
+        c.update(chunk)
+        n += len(chunk)
     return n, b64(c)
 
 

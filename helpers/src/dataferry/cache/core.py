@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, Callable, TypeVar
 import google_crc32c
 
 from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES, Budget
-from dataferry.cache.checksum import b64
+from dataferry.cache.checksum import b64, stream_crc
 from dataferry.cache.counters import CacheStats, Counters
 from dataferry.cache.errors import CacheFolderError, CacheFullWarning, DamagedOnDisk
 from dataferry.cache.fill import FillEngine, Filled
@@ -289,13 +289,10 @@ class Cache:
 
     def _file_checks_out(self, f: BinaryIO, entry: Entry, key: str) -> bool:
         """Whether the open cached copy ``f`` holds ``entry``'s bytes (size and CRC32C); left at its start."""
-        c, n = google_crc32c.Checksum(), 0
-        while chunk := f.read(CHUNK):
-            c.update(chunk)
-            n += len(chunk)
+        n, crc = stream_crc(f)
         f.seek(0)
         expected = self._known_crc(entry, key) or self._settled_crc(key)  # the file is held open: its row stays
-        return n == entry.size and expected is not None and b64(c) == expected
+        return n == entry.size and expected is not None and crc == expected
 
     def open(self, source: Source, item: Entry | str) -> BinaryIO:
         """A binary file object on the cached copy, checked against the object's CRC32C as it is opened (as

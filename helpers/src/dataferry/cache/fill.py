@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import sqlite3
 import threading
@@ -150,9 +149,7 @@ class FillEngine:
     async def _reserve(self, side: Side, source: Source, entry: Entry, k: str, patient: bool) -> Refusal | None:
         """Record the fill in progress; while the room is held by readers or fills in flight, wait for it
         (up to ``ROOM_WAIT_S``; not at all unless ``patient``). None when reserved, else why not."""
-        waits = self.budget.room_waits(entry)
-        for pause in (waits if patient else itertools.islice(waits, 1)):
-            pause = pause if patient else None
+        for pause in self.budget.room_waits(entry, patient):
             now = time.time()
             row = (k, source.uri, printable(entry.name), entry.version, entry.size, self.pid, now, now)
             try:

@@ -23,19 +23,18 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-T = TypeVar("T")
-
 from dataferry.cache.budget import Budget
-from dataferry.cache.errors import disk_full
+from dataferry.cache.errors import CacheFolderError, disk_full
 from dataferry.cache.layout import Layout
 from dataferry.cache.lease import Lease
 from dataferry.cache.locks import hold_across_fork
 from dataferry.cache.placing import syncfs
-from dataferry.cache.errors import CacheFolderError
 from dataferry.cache.store import LEASES, close, connect, create, damaged, has_schema, release, set_aside
 from dataferry.errors import interrupted_at_exit
 
 __all__ = ["Index", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
+
+T = TypeVar("T")
 
 FLUSH_EVERY = 256
 FLUSH_S = 2.0

@@ -50,6 +50,14 @@ class CheckpointWarning(UserWarning):
     """:meth:`Checkpoints.fetch` skipped a damaged or missing checkpoint for an older whole one."""
 
 
+Record = Saved | Claim | str | None  # what a record says (see parse_record)
+
+
+def _saves(records: dict[str, Record]) -> dict[str, Saved]:
+    """The whole records among ``records``."""
+    return {name: r for name, r in records.items() if isinstance(r, Saved)}
+
+
 def _remove(path: Path) -> None:
     """Remove a local copy, whatever a ``write()`` made of it (a file, or a folder as ``save_pretrained`` makes)."""
     if path.is_dir() and not path.is_symlink():
@@ -150,21 +158,23 @@ class Checkpoints:
             with self._local_errors("read back the local copy"):
                 size, crc = file_crc(local)
             listed = self._dest.listing(f"{self.name}-")
-            recorded = self._recorded(listed)
+            records = self._records(listed)  # read once: the claim, the room and the pruning all go by them
             name = self._claim(step, listed)
             c0 = time.perf_counter()
             try:
-                self._copy(local, name, crc, size, recorded, listed)
+                self._copy(local, name, crc, size, records, listed)
             except BaseException:
                 with contextlib.suppress(Exception):  # the claim goes with the failed copy: nothing stays of it
                     self._dest.delete(name + RECORD)
                 raise
             t1 = time.perf_counter()
-        serial = max((s.serial for s in recorded.values()), default=0) + 1
+        serial = max((s.serial for s in _saves(records).values()), default=0) + 1
         saved = Saved(name, step, size, crc, t1 - t0, t1 - c0, serial)
         self._put_text(name + RECORD, json.dumps(asdict(saved)))
+        records[name] = saved
+        listed[name] = listed[name + RECORD] = Listed(size, None, time.time())
         try:
-            self._prune()
+            self._prune(records, listed)
         except CheckpointError as e:  # saved and recorded all the same: only the clean-up failed
             warnings.warn(f"{name} is saved, but older checkpoints could not be removed: {e}", CheckpointWarning,
                           stacklevel=2)
@@ -202,10 +212,11 @@ class Checkpoints:
             return candidate
         raise AssertionError("unreachable")
 
-    def _copy(self, local: Path, name: str, crc: str, size: int, recorded: dict[str, Saved],
+    def _copy(self, local: Path, name: str, crc: str, size: int, records: dict[str, Record],
               listed: dict[str, Listed]) -> None:
         """Copy ``local`` in as ``name``. A destination too full for it makes room from the saves that are beyond
-        ``keep`` once this one is saved, if that is enough, and tries once more; else nothing is removed."""
+        ``keep`` once this one is saved, if that is enough, and tries once more; else nothing is removed. What it
+        removes leaves ``records`` and ``listed``."""
         try:
             self._dest.copy_in(local, name, crc)
             return
@@ -213,7 +224,7 @@ class Checkpoints:
             raise CheckpointError(f"{name} appeared in {self.dest} while this save held its record: another "
                                   "process writes there under this name; give each saver a name= of its own") from None
         except DestinationFull as full:
-            doomed = self._beyond(recorded, listed, self.keep - 1)
+            doomed = self._beyond(_saves(records), listed, self.keep - 1)
             free = self._dest.free_bytes()
             room = sum(listed[s.name].size for s in doomed if s.name in listed)
             if free is None or not doomed or free + room < size:
@@ -222,6 +233,9 @@ class Checkpoints:
                                       "room there, or save elsewhere; the previous checkpoint stays the latest") from full
         for saved in doomed:
             self._drop(saved.name)
+            del records[saved.name]
+            for gone in (saved.name, saved.name + RECORD):
+                listed.pop(gone, None)
         self._dest.copy_in(local, name, crc)
 
     # -- reading --------------------------------------------------------------------------------
@@ -231,7 +245,7 @@ class Checkpoints:
         recorded = self.saved()
         return recorded[-1] if recorded else None
 
-    def _records(self, listed: dict[str, Listed]) -> dict[str, Saved | Claim | str | None]:
+    def _records(self, listed: dict[str, Listed]) -> dict[str, Record]:
         """What each of this set's records says, by checkpoint name."""
         out = {}
         for record in listed:
@@ -241,16 +255,13 @@ class Checkpoints:
                 out[checkpoint] = parse_record(checkpoint, self._dest.get_text(record))
         return out
 
-    def _recorded(self, listed: dict[str, Listed]) -> dict[str, Saved]:
-        return {name: r for name, r in self._records(listed).items() if isinstance(r, Saved)}
-
     def saved(self, listed: list[str] | None = None) -> list[Saved]:
         """Every checkpoint with a whole record, in save order (oldest first): a copy torn by a
         disconnect has none, and a record that is torn or names another file does not count."""
         names = self._dest.listing(f"{self.name}-")
         if listed is not None:
             names = {n: names[n] for n in listed if n in names}
-        return sorted(self._recorded(names).values(), key=lambda s: s.order)
+        return sorted(_saves(self._records(names)).values(), key=lambda s: s.order)
 
     def names(self) -> list[str]:
         """Names of the recorded checkpoints, oldest first."""
@@ -310,8 +321,10 @@ class Checkpoints:
     def _beyond(self, recorded: dict[str, Saved], listed: dict[str, Listed], keep: int) -> list[Saved]:
         """The saves older than the oldest of the newest ``keep`` whole ones (a damaged save does not count)."""
         whole = sorted((s for s in recorded.values() if self._whole(s, listed)), key=lambda s: s.order)
-        if len(whole) < keep or keep <= 0:
-            return [] if keep > 0 else whole
+        if keep <= 0:
+            return whole
+        if len(whole) < keep:
+            return []
         oldest = whole[-keep].order
         return sorted((s for s in recorded.values() if s.order < oldest), key=lambda s: s.order)
 
@@ -319,14 +332,13 @@ class Checkpoints:
         self._dest.delete(name + RECORD)  # the record first: no record outlives its file
         self._dest.delete(name)
 
-    def _prune(self) -> None:
+    def _prune(self, records: dict[str, Record], listed: dict[str, Listed]) -> None:
         """Keep the newest ``keep`` whole saves; drop those older (record first), and what saves that ended
         before their record was complete left: a claim of a process gone on this machine (or of another
         machine after ``FOREIGN_CLAIM_S``: a disconnect), a record torn for ``TORN_AFTER_S``, a copy with no
-        record. A record that is JSON but not one of ours is left alone, and so is its file."""
-        listed = self._dest.listing(f"{self.name}-")
-        records = self._records(listed)
-        for saved in self._beyond({n: r for n, r in records.items() if isinstance(r, Saved)}, listed, self.keep):
+        record. A record that is JSON but not one of ours is left alone, and so is its file. ``records`` and
+        ``listed`` are as this save found them, with itself: what another saver wrote since is not touched."""
+        for saved in self._beyond(_saves(records), listed, self.keep):
             self._drop(saved.name)
         here, now = socket.gethostname(), time.time()
         for name, record in records.items():

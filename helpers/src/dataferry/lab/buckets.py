@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 import urllib.parse
 from collections import Counter
 from pathlib import Path
@@ -85,8 +86,15 @@ class LabBuckets:
         if not state:
             raise LabNotRunning(f"no lab is running for {self.state_dir}: start one with `dataferry lab up`")
         logfile = Path(state["run_dir"]) / "logs" / "fake-gcs-server.log"
+        text, deadline = logfile.read_text(errors="replace"), time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # the server logs a request after its last byte went: let it catch up
+            time.sleep(0.05)
+            again = logfile.read_text(errors="replace")
+            if again == text:
+                break
+            text = again
         out = []
-        for m in _ACCESS_LINE.finditer(logfile.read_text(errors="replace")):
+        for m in _ACCESS_LINE.finditer(text):
             out.append((m["method"], m["path"], int(m["status"])))
         return out
 

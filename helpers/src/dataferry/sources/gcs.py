@@ -76,40 +76,34 @@ class GCSSource:
                                     "check the name and the project")
         return NotFoundAtSource(f"{what} not found in gs://{self.bucket}/{self.prefix}")
 
-    def list(self) -> Iterator[Entry]:
-        """Every object under the prefix, page by page; each page request retried like a fill."""
+    def _blobs(self, fields: str, **options: Any) -> Iterator[Any]:
+        """The pages of a listing of the prefix, each page request retried like a fill; a missing bucket or a
+        listing that kept failing as one :class:`SourceError`."""
         from google.api_core.exceptions import NotFound, RetryError
 
         attempts = Attempts()
         blobs = self._client_here().list_blobs(self.bucket, prefix=self.prefix or None, page_size=1000,
-                                               fields="items(name,size,generation,crc32c),nextPageToken",
-                                               retry=retry_policy(self.retry_deadline_s, attempts))
+                                               fields=f"{fields},nextPageToken",
+                                               retry=retry_policy(self.retry_deadline_s, attempts), **options)
         try:
-            for blob in blobs:
-                if not (blob.name.endswith("/") and blob.size == 0):  # folder placeholders hold no data
-                    yield self._entry(blob)
+            yield from blobs.pages
         except NotFound:
             raise self._missing("listing") from None
         except RetryError as e:
             raise attempts.gave_up(f"listing {self.uri}", e.cause) from e.cause
+
+    def list(self) -> Iterator[Entry]:
+        """Every object under the prefix, page by page; each page request retried like a fill."""
+        for page in self._blobs("items(name,size,generation,crc32c)"):
+            for blob in page:
+                if not (blob.name.endswith("/") and blob.size == 0):  # folder placeholders hold no data
+                    yield self._entry(blob)
 
     def folders(self) -> builtins.list[str]:
         """The folders at the top of the prefix, as a gcsfuse mount shows them: every name before a first '/',
         an empty folder's placeholder object (``bird/``, as the Cloud console makes) included."""
-        from google.api_core.exceptions import NotFound, RetryError
-
-        attempts = Attempts()
-        blobs = self._client_here().list_blobs(self.bucket, prefix=self.prefix or None, delimiter="/", page_size=1000,
-                                               fields="items(name),prefixes,nextPageToken",
-                                               retry=retry_policy(self.retry_deadline_s, attempts))
-        try:
-            for _ in blobs.pages:
-                pass
-        except NotFound:
-            raise self._missing("listing") from None
-        except RetryError as e:
-            raise attempts.gave_up(f"listing {self.uri}", e.cause) from e.cause
-        return sorted(p[len(self.prefix):].rstrip("/") for p in blobs.prefixes)
+        return sorted(p[len(self.prefix):].rstrip("/")
+                      for page in self._blobs("items(name),prefixes", delimiter="/") for p in page.prefixes)
 
     def stat(self, name: str) -> Entry:
         """The object's current entry, asked for with the source's retry policy (within ``retry_deadline_s``)."""

@@ -50,8 +50,6 @@ class LocalSource:
             return os.open(self.root / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block us
         except FileNotFoundError:
             raise NotFoundAtSource(f"{where(self, name)} not found") from None
-        except IsADirectoryError:
-            raise NotFoundAtSource(f"{where(self, name)} is a folder, not a file: list the source again") from None
         except ValueError as e:
             raise BadArgument(str(e)) from None
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,6 +228,7 @@ class Course:
         self.figures_dir = Path(figures_dir).expanduser().absolute() if figures_dir else home / "figures"
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.figures_dir.mkdir(parents=True, exist_ok=True)
+        self._scratch: list[Path] = []
 
     def public(self, name: str = "flowers") -> PublicDataset:
         """A public data set by name (see :data:`PUBLIC_DATASETS`)."""
@@ -270,6 +272,32 @@ class Course:
             return CloudData(client, bucket, prefix, "", location, how, False)
         raise ValueError("the lab makes its own data: lab_target() or lab.make_dataset()")
 
+    def images(self, n: int, *, seed: int = 0, bucket: str = "", prefix: str = "", profile: str = "colocated") -> Any:
+        """This lesson's ``n`` flower images, wherever it runs: see :func:`dataferry.lessondata.images`."""
+        from dataferry.lessondata import images
+
+        return images(self, n, seed=seed, bucket=bucket, prefix=prefix, profile=profile)
+
+    def folder(self, given: str, name: str) -> Path:
+        """``given`` if set (e.g. ``CACHE_DIR = "/content/cache"``), else a fresh temporary folder that
+        :meth:`finish` removes."""
+        if given:
+            return Path(given).expanduser()
+        path = Path(tempfile.mkdtemp(prefix=f"{self.lesson[:2]}-{name}-"))
+        self._scratch.append(path)
+        return path
+
+    def keep(self, rows: Any, name: str, **columns: Any) -> Path:
+        """Append ``rows`` (dicts or a DataFrame) to the CSV ``name`` under the results folder, each with
+        ``columns`` (e.g. ``where=data.label``) and the time it was kept: every run's rows stay."""
+        import pandas as pd
+
+        path = self.results_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = pd.DataFrame(rows).assign(**columns, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        table.to_csv(path, mode="a", header=not path.exists(), index=False)
+        return path
+
     def region(self, override: str = "", lab_profile: str | None = None) -> Region:
         """Where this run is, and which source said so; in Colab a geo-IP lookup backs the metadata server."""
         return detect_region(override or None, lab_profile=lab_profile,
@@ -278,7 +306,11 @@ class Course:
     def finish(self) -> Path | None:
         """Zip everything measured so far (results and figures); in Colab, offer it for download.
 
-        Returns the zip's path, or None where the results already live somewhere lasting."""
+        Returns the zip's path, or None where the results already live somewhere lasting. The temporary
+        folders of :meth:`folder` are removed."""
+        for path in self._scratch:
+            shutil.rmtree(path, ignore_errors=True)
+        self._scratch.clear()
         if self.colab and str(self.home).startswith(str(COLAB_DRIVE)):
             print(f"Results are on your Drive ({self.home}): nothing to download.")
             return None

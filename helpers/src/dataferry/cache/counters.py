@@ -23,6 +23,10 @@ class CacheStats:
     wait_s: float = 0.0
     fetch_s: float = 0.0
 
+    def __sub__(self, before: CacheStats) -> CacheStats:
+        """What happened since ``before`` (an earlier :meth:`Cache.stats`): ``cache.stats() - before``."""
+        return CacheStats(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in fields(CacheStats)})
+
     def __repr__(self) -> str:
         return (f"CacheStats(hits={self.hits}, misses={self.misses}, from_source={self.bytes_from_source / 1e6:.1f} MB, "
                 f"from_cache={self.bytes_from_cache / 1e6:.1f} MB, evictions={self.evictions}, "

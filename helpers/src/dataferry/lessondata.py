@@ -1,0 +1,117 @@
+"""One front door for a lesson's data: the same call whatever ``WHERE`` is.
+
+    >>> data = course.images(200, seed=0, profile="colocated")
+    >>> data.source, data.entries, data.label        # a GCSSource, its images in name order, "lab:colocated"
+    >>> with data.network():                         # the lab's region profile; elsewhere the real network
+    ...     ...
+
+In the lab the images are the lab's drawn flowers, put into a fresh lab bucket (the lab starts if it is
+not running); with ``public`` they are drawn from Google's public flower photos, read anonymously; with
+``mine`` from your ``bucket``/``prefix``, with your credentials. A lesson never tests where it runs: what
+differs lives here, and :meth:`LessonData.lab_only` says so when a lab-only demonstration cannot run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dataferry.course import Course
+    from dataferry.sources import Entry, GCSSource
+
+__all__ = ["IMAGE_SUFFIXES", "LessonData", "LabOnly", "images"]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+class LabOnly(RuntimeError):
+    """A demonstration that needs the lab (shaped links, injected faults) was asked for elsewhere."""
+
+
+@dataclass
+class LessonData:
+    """What a lesson reads: a source, the entries it reads from it, and one label for every figure of it.
+
+    ``label`` is ``lab:<profile>`` in the lab (never a cloud number) and the bucket's ``gs://`` address
+    elsewhere; ``about`` is one line for the lesson's output."""
+
+    source: GCSSource
+    entries: list[Entry]
+    label: str
+    about: str
+    lab: Any = field(default=None, repr=False)
+    profile: str | None = None
+
+    @property
+    def bytes(self) -> int:
+        """The entries' bytes, together."""
+        return sum(e.size for e in self.entries)
+
+    @property
+    def in_lab(self) -> bool:
+        return self.lab is not None
+
+    @contextlib.contextmanager
+    def network(self, profile: str | None = None) -> Iterator[str]:
+        """Inside the ``with``, reads cross the lab's ``profile`` (this data's own by default), and the old one
+        is put back after; outside the lab, the network is what it is. Yields the label of what was crossed."""
+        if self.lab is None:
+            yield self.label
+            return
+        chosen = profile or self.profile or "unshaped"
+        with self.lab.using_profile(chosen):
+            yield f"lab:{chosen}"
+
+    def lab_only(self, what: str) -> bool:
+        """Whether a lab-only demonstration (``what``) can run here; where it cannot, one line says so."""
+        if self.lab is None:
+            print(f"{what} needs the offline lab (WHERE = 'lab'): skipped here, on {self.label}.")
+        return self.lab is not None
+
+    def __str__(self) -> str:
+        return self.about
+
+
+def _lab_bucket(lab: Any, name: str) -> Any:
+    """A lab bucket of that name, empty: an earlier, larger run's objects would otherwise be listed too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bucket = lab.create_bucket(name)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda blob: blob.delete(), bucket.list_blobs()))
+    return bucket
+
+
+def images(course: Course, n: int, *, seed: int = 0, bucket: str = "", prefix: str = "",
+           profile: str = "colocated") -> LessonData:
+    """``n`` flower images of five classes (``<class>/<file>.jpg``) for ``course``'s lesson, wherever it runs.
+
+    The lab draws ``n // 5`` per class into the bucket ``l<NN>-data`` and reads it under ``profile``;
+    ``public`` and ``mine`` draw ``n`` of the bucket's images at random (``seed``) and read them as they are."""
+    from dataferry.sources import GCSSource
+
+    if n < 1:
+        raise ValueError(f"n = {n}: a lesson reads at least one image")
+    if course.where == "lab":
+        from dataferry.lab import Lab
+        from dataferry.lab.flowers import plan_flowers
+
+        lab = Lab().up()
+        name = f"l{course.lesson[:2]}-data"
+        flowers = plan_flowers(max(1, n // 5), seed=seed, prefix="train/").upload(_lab_bucket(lab, name))
+        source = GCSSource(name, "train/", client=lab.client())
+        entries = sorted(source.list(), key=lambda e: e.name)
+        return LessonData(source, entries, f"lab:{profile}", f"{flowers} in {source.uri}, read under the lab's "
+                          f"{profile!r} profile (lab numbers, not cloud numbers)", lab, profile)
+    cloud = course.cloud_data(bucket, prefix)
+    source = GCSSource(cloud.bucket, cloud.prefix, client=cloud.client)
+    listed = [e for e in source.list() if "/" in e.name and e.name.lower().endswith(IMAGE_SUFFIXES)]
+    if not listed:
+        raise ValueError(f"{source.uri} holds no <class>/<image> objects: set PREFIX to the folder of your classes")
+    entries = sorted(random.Random(seed).sample(listed, min(n, len(listed))), key=lambda e: e.name)
+    return LessonData(source, entries, source.uri, f"{len(entries)} images drawn from the {len(listed)} of "
+                      f"{source.uri} (bucket location {cloud.location}, {cloud.location_source})")

@@ -1,0 +1,52 @@
+"""Figures a lesson draws of its own run (not of result rows): one function per figure, returned detached
+from pyplot like the standard figures, so a lesson's cell shows the call and the figure, not the drawing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from dataferry.cache.counters import CacheStats
+
+__all__ = ["cache_budget"]
+
+
+def cache_budget(usage: Sequence[int], budget: int, data_bytes: int, passes: Sequence[CacheStats],
+                 where: str) -> Figure:
+    """Lesson 05: the cache's bytes after each read of two passes against ``max_bytes``, and each pass's
+    hits and misses (pass 3 rereads only what was kept)."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax, counts) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2, 1]})
+    plt.close(fig)
+    n = len(usage) // 2
+    ax.axhline(budget / 1e6, color="tab:red", linestyle="--", label=f"max_bytes = {budget / 1e6:.1f} MB")
+    ax.plot(np.arange(1, len(usage) + 1), np.array(usage) / 1e6, color="tab:blue", drawstyle="steps-post",
+            marker=".", markersize=3, zorder=3, label="cache usage after each read")
+    ax.axhline(data_bytes / 1e6, color="0.5", linestyle=":", label=f"dataset = {data_bytes / 1e6:.1f} MB")
+    ax.axvline(n + 0.5, color="0.7", linewidth=0.8)
+    ax.set_xlabel(f"reads (pass 1: 1-{n}, pass 2: {n + 1}-{2 * n})")
+    ax.set_ylabel("MB in the cache")
+    ax.set_ylim(0, data_bytes / 1e6 * 1.1)
+    ax.set_title(f"A byte budget: LRU keeps the cache under max_bytes ({where})", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    hits, misses = [p.hits for p in passes], [p.misses for p in passes]
+    x = range(len(passes))
+    counts.bar(x, hits, 0.6, color="tab:green", label="hits (read from the cache)")
+    counts.bar(x, misses, 0.6, bottom=hits, color="tab:red", alpha=0.7, label="misses (downloaded)")
+    for i, (h, m) in enumerate(zip(hits, misses)):
+        counts.annotate(f"{h} hits\n{m} misses", (i, h + m), xytext=(0, 3), textcoords="offset points", ha="center",
+                        fontsize=8)
+    counts.set_xticks(list(x), ["pass 1", "pass 2\n(same order)", "pass 3\n(only what is kept)"][:len(passes)],
+                      fontsize=8)
+    counts.set_ylabel("reads")
+    counts.set_ylim(0, max(h + m for h, m in zip(hits, misses)) * 1.3)
+    counts.set_title("Hits and misses per pass", fontsize=10)
+    counts.legend(loc="upper right", fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,79 @@
+"""The course's findings: each sentence a lesson prints comes from dataferry.findings, and each is checked
+here on both sides of its threshold (what the run shows, and what it does not)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataferry.cache.counters import CacheStats
+from dataferry.findings import Conclusion, mb
+from dataferry.findings import cache as cache_findings
+
+
+def test_a_conclusion_heads_its_sentences_with_where_the_run_was():
+    said = Conclusion("lab:colocated; 5 images", ["One.", "Two."])
+    assert str(said) == "In this run (lab:colocated; 5 images):\n- One.\n- Two."
+    assert list(said) == ["One.", "Two."]
+    assert mb(1_234_567) == "1.23 MB" and mb(123_456_789) == "123.5 MB"
+
+
+def _budget(**changes):
+    args = dict(where="lab:colocated", data_bytes=10_000_000, budget=5_000_000, peak=4_900_000,
+                passes=[CacheStats(misses=200, evictions=100), CacheStats(misses=200, evictions=200),
+                        CacheStats(hits=98)],
+                read_refetches=1, read_right=True, verify_bad=1, verify_checked=98)
+    args.update(changes)
+    return cache_findings.budget_and_verify(**args)
+
+
+def test_budget_findings_as_the_lesson_prints_them():
+    said = _budget()
+    assert said.where == "lab:colocated; 200 images, 10.0 MB"
+    assert said.sentences == [
+        "A budget of 5.00 MB (50% of the images' bytes) held: usage peaked at 4.90 MB.",
+        "A second pass in the same order had 0 hits in 200 reads: each image was evicted just before its turn "
+        "came again; LRU gives nothing to a fixed-order scan larger than the budget.",
+        "Re-reading only the 98 images still cached downloaded none: what the budget keeps is read from the disk.",
+        "Reading a copy damaged on disk downloaded it again, once, with the bucket's bytes: every read checks the "
+        "copy's CRC32C.",
+        "verify() checked 98 entries and removed the one damaged copy no read had touched yet.",
+    ]
+
+
+@pytest.mark.parametrize("peak, held", [(5_000_000, True), (5_000_001, False)])
+def test_the_budget_holds_up_to_its_last_byte(peak, held):
+    first = _budget(peak=peak).sentences[0]
+    assert ("held" in first and "NOT" not in first) is held
+    assert ("did NOT hold: usage reached 5.00 MB, a bug to report." in first) is not held
+
+
+@pytest.mark.parametrize("hits, scan_said", [(0, True), (1, False)])
+def test_lru_against_a_scan_is_said_only_when_pass_two_found_nothing(hits, scan_said):
+    passes = [CacheStats(misses=200), CacheStats(hits=hits, misses=200 - hits), CacheStats(hits=98)]
+    second = _budget(passes=passes).sentences[1]
+    assert ("LRU gives nothing" in second) is scan_said
+    assert f"had {hits} hits in 200 reads" in second
+
+
+@pytest.mark.parametrize("misses, from_disk", [(0, True), (1, False)])
+def test_what_the_budget_keeps_is_read_from_disk_only_when_nothing_was_downloaded(misses, from_disk):
+    passes = [CacheStats(misses=200), CacheStats(misses=200), CacheStats(hits=98 - misses, misses=misses)]
+    third = _budget(passes=passes).sentences[2]
+    assert ("read from the disk" in third) is from_disk
+    if not from_disk:
+        assert third == "Re-reading the images still cached downloaded 1 of 98."
+
+
+@pytest.mark.parametrize("refetches, right, good", [(1, True, True), (0, True, False), (2, True, False),
+                                                    (1, False, False)])
+def test_a_damaged_copy_is_said_refused_only_when_fetched_once_with_the_right_bytes(refetches, right, good):
+    fourth = _budget(read_refetches=refetches, read_right=right).sentences[3]
+    assert ("every read checks the copy's CRC32C" in fourth) is good
+    assert ("did NOT return the bucket's bytes" in fourth) is (not right)
+
+
+@pytest.mark.parametrize("bad, good", [(1, True), (0, False), (2, False)])
+def test_verify_is_said_to_have_found_the_damage_only_when_it_found_exactly_it(bad, good):
+    fifth = _budget(verify_bad=bad).sentences[4]
+    assert ("removed the one damaged copy" in fifth) is good
+    assert (f"found {bad} damaged, where one was" in fifth) is not good

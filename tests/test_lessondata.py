@@ -1,0 +1,62 @@
+"""The lessons' front door (Course.images, Course.folder, Course.keep): the same call in the lab and
+elsewhere, tested against the real lab; the public path runs in the Colab rehearsal."""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+import pytest
+
+from dataferry.cache.counters import CacheStats
+from dataferry.course import Course
+
+
+@pytest.fixture
+def course(tmp_path, lab, monkeypatch):
+    monkeypatch.setenv("DATAFERRY_LAB_STATE", str(lab.state_dir))
+    return Course("05_budget_and_verify", "lab", str(tmp_path / "results"), str(tmp_path / "figures"))
+
+
+def test_images_in_the_lab_are_a_fresh_bucket_of_flowers_labelled_with_the_profile(course, lab):
+    lab.create_bucket("l05-data").blob("train/stale/left-over.jpg").upload_from_string(b"x")
+    data = course.images(10, seed=1, profile="same-continent")
+    names = [e.name for e in data.entries]
+    assert len(names) == 10 and names == sorted(names) and "stale/left-over.jpg" not in names
+    assert {n.split("/")[0] for n in names} == {"daisy", "dandelion", "roses", "sunflowers", "tulips"}
+    assert data.label == "lab:same-continent" and data.in_lab and "lab numbers" in str(data)
+    assert data.bytes == sum(e.size for e in data.entries) > 0
+    before = lab.profile.name
+    with data.network() as crossed:
+        assert crossed == "lab:same-continent" and lab.profile.name == "same-continent"
+        assert data.source.fetch(data.entries[0], io.BytesIO()) == data.entries[0].size
+    assert lab.profile.name == before
+    assert data.lab_only("a fault") is True
+
+
+def test_images_refuses_nothing_to_read(course):
+    with pytest.raises(ValueError, match="at least one image"):
+        course.images(0)
+
+
+def test_a_folder_is_the_given_one_or_a_temporary_one_that_finish_removes(course, tmp_path):
+    given = course.folder(str(tmp_path / "mine"), "cache")
+    assert given == tmp_path / "mine"
+    scratch = course.folder("", "cache")
+    (scratch / "x").write_text("x")
+    course.finish()
+    assert not scratch.exists(), "the temporary folder is removed"
+    assert course.folder(str(given), "cache") == given, "a given folder is never removed"
+
+
+def test_keep_appends_rows_with_their_columns_and_time(course):
+    path = course.keep([{"hits": 1}, {"hits": 2}], "05_budget/passes.csv", where="lab:colocated")
+    course.keep([{"hits": 3}], "05_budget/passes.csv", where="lab:far")
+    rows = pd.read_csv(path)
+    assert list(rows["hits"]) == [1, 2, 3] and list(rows["where"]) == ["lab:colocated"] * 2 + ["lab:far"]
+    assert rows["time_utc"].str.endswith("Z").all()
+
+
+def test_cache_stats_subtract_to_what_happened_between():
+    assert CacheStats(hits=5, misses=3, wait_s=1.5) - CacheStats(hits=2, misses=3, wait_s=0.5) == \
+        CacheStats(hits=3, wait_s=1.0)

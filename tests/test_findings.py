@@ -77,3 +77,68 @@ def test_verify_is_said_to_have_found_the_damage_only_when_it_found_exactly_it(b
     fifth = _budget(verify_bad=bad).sentences[4]
     assert ("removed the one damaged copy" in fifth) is good
     assert (f"found {bad} damaged, where one was" in fifth) is not good
+
+
+# -- lesson 10 ---------------------------------------------------------------------------------------
+
+def _saves(straight, safe, place="mounted folder"):
+    import pandas as pd
+
+    rows = [{"place": place, "way": "torch.save", "seconds": s} for s in straight]
+    rows += [{"place": place, "way": "Checkpoints", "seconds": s} for s in safe]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("safe, words", [
+    ([1.2, 1.21, 1.22], "1.21x; the local write and the read-back are the price"),
+    ([0.8, 0.81, 0.82], "0.81x; one local write and a copy in large blocks beat"),
+    ([1.05, 1.06, 1.07], "about the same (1.06x)"),
+    ([0.9, 1.06, 1.5], "their ranges overlap (0.98-1.02 s against 0.90-1.50 s), so this run cannot tell them apart"),
+])
+def test_a_safe_save_is_compared_on_each_side_of_its_thresholds_and_overlaps_are_said(safe, words):
+    from dataferry.findings import checkpoints
+
+    said = checkpoints.saves_and_failures("lab:far", _saves([0.98, 1.0, 1.02], safe), [], 5)
+    assert said.sentences[0].startswith("Into the mounted folder, torch.save took 1.00 s and Checkpoints ")
+    assert words in said.sentences[0] and len(said.sentences) == 1
+
+
+def test_the_ratio_thresholds_are_at_ten_percent():
+    from dataferry.findings import checkpoints
+
+    assert checkpoints.SAME_WITHIN == 1.1
+    just_over = checkpoints.saves_and_failures("x", _saves([1.0], [1.11]), [], 5).sentences[0]
+    just_under = checkpoints.saves_and_failures("x", _saves([1.0], [1.09]), [], 5).sentences[0]
+    assert "the price" in just_over and "about the same" in just_under
+
+
+def test_failures_the_runtimes_disk_the_api_and_few_repeats_are_said():
+    import pandas as pd
+
+    from dataferry.findings import checkpoints
+
+    saves = pd.concat([_saves([1.0], [2.0], "runtime's disk"),
+                       pd.DataFrame([{"place": "bucket", "way": "Checkpoints", "seconds": 3.0}])])
+    failure = {"place": "runtime's disk", "way": "torch.save", "failure": "kernel crash (the writer dies)",
+               "a restart finds": "the only checkpoint is torn (torch.load raised RuntimeError)"}
+    said = checkpoints.saves_and_failures("us-central1", saves, [failure], 4).sentences
+    assert said[1] == "Into the bucket through the API, Checkpoints took 3.00 s (median)."
+    assert said[2] == "The runtime's disk shows the mechanism only: a disconnect deletes it with the runtime."
+    assert said[3] == ("torch.save into the runtime's disk, after a kernel crash (the writer dies): a restart finds "
+                       "the only checkpoint is torn (torch.load raised RuntimeError).")
+    assert said[4].startswith("Only 4 save(s) per way")
+    assert not any("Only" in s for s in checkpoints.saves_and_failures("x", saves, [], 5).sentences)
+
+
+@pytest.mark.parametrize("failures, unstaged", [
+    ([("Drive folder", "kernel crash (the writer dies)")], True),
+    ([("Drive folder", "kernel crash (the writer dies)"),
+      ("Drive folder", "disconnect (the writer and the mount's daemon die)")], False),
+    ([("runtime's disk", "kernel crash (the writer dies)")], False),
+])
+def test_a_disconnect_that_could_not_be_staged_is_said(failures, unstaged):
+    from dataferry.findings import checkpoints
+
+    rows = [{"place": p, "way": "torch.save", "failure": f, "a restart finds": "x"} for p, f in failures]
+    said = checkpoints.saves_and_failures("x", _saves([1.0], [1.0], failures[0][0]), rows, 5).sentences
+    assert any(s.startswith("A disconnect could not be staged on the Drive folder") for s in said) is unstaged

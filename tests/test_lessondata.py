@@ -60,3 +60,25 @@ def test_keep_appends_rows_with_their_columns_and_time(course):
 def test_cache_stats_subtract_to_what_happened_between():
     assert CacheStats(hits=5, misses=3, wait_s=1.5) - CacheStats(hits=2, misses=3, wait_s=0.5) == \
         CacheStats(hits=3, wait_s=1.0)
+
+
+def test_lesson_10_stages_a_crash_and_a_disconnect_on_a_real_gcsfuse_mount(tmp_path, lab, monkeypatch):
+    """A crash (the writer killed) tears torch.save's only checkpoint: gcsfuse uploads the half it was given. A
+    disconnect (writer and gcsfuse killed) leaves the previous object: an unfinished upload changes nothing.
+    Checkpoints' newest recorded save loads whole after both."""
+    from dataferry.disconnect import CRASH, DISCONNECT, stage_failures
+
+    monkeypatch.setenv("DATAFERRY_LAB_STATE", str(lab.state_dir))
+    course = Course("10_checkpoints", "lab", str(tmp_path / "results"), str(tmp_path / "figures"))
+    places = course.checkpoint_places(profile="unshaped")
+    bucket = places.buckets["bucket"][0].removeprefix("gs://").split("/")[0]
+    try:
+        found = {(r["way"], r["failure"]): r["a restart finds"] for r in stage_failures(places, tmp_path)}
+    finally:
+        course.finish()
+    assert found[("torch.save", CRASH)].startswith("the only checkpoint is torn")
+    assert found[("torch.save", DISCONNECT)] == "the previous checkpoint, whole (the new one is lost)"
+    assert found[("Checkpoints", CRASH)] == found[("Checkpoints", DISCONNECT)] == \
+        "the newest recorded checkpoint (step 1), whole"
+    assert bucket not in {b.name for b in lab.client(direct=True).list_buckets()}, "finish() deleted the bucket"
+    assert not any(m.mounted for m in places.mounts.values()), "and unmounted the mount"

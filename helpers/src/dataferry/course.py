@@ -229,6 +229,7 @@ class Course:
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.figures_dir.mkdir(parents=True, exist_ok=True)
         self._scratch: list[Path] = []
+        self._undo: list[Any] = []
 
     def public(self, name: str = "flowers") -> PublicDataset:
         """A public data set by name (see :data:`PUBLIC_DATASETS`)."""
@@ -278,6 +279,17 @@ class Course:
 
         return images(self, n, seed=seed, bucket=bucket, prefix=prefix, profile=profile)
 
+    def checkpoint_places(self, drive_folder: str = "", bucket: str = "", prefix: str = "",
+                          profile: str = "same-continent") -> Any:
+        """Where lesson 10 saves: see :func:`dataferry.lessondata.checkpoint_places`."""
+        from dataferry.lessondata import checkpoint_places
+
+        return checkpoint_places(self, drive_folder, bucket, prefix, profile)
+
+    def on_finish(self, undo: Any) -> None:
+        """Call ``undo()`` at :meth:`finish` (an unmount, a bucket to delete), before the results are zipped."""
+        self._undo.append(undo)
+
     def folder(self, given: str, name: str) -> Path:
         """``given`` if set (e.g. ``CACHE_DIR = "/content/cache"``), else a fresh temporary folder that
         :meth:`finish` removes."""
@@ -308,6 +320,8 @@ class Course:
 
         Returns the zip's path, or None where the results already live somewhere lasting. The temporary
         folders of :meth:`folder` are removed."""
+        while self._undo:
+            self._undo.pop()()
         for path in self._scratch:
             shutil.rmtree(path, ignore_errors=True)
         self._scratch.clear()

@@ -17,19 +17,27 @@ import contextlib
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dataferry.course import Course
     from dataferry.sources import Entry, GCSSource
 
-__all__ = ["IMAGE_SUFFIXES", "LessonData", "LabOnly", "images"]
+__all__ = ["IMAGE_SUFFIXES", "LessonData", "CheckpointPlaces", "images", "checkpoint_places"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
-class LabOnly(RuntimeError):
-    """A demonstration that needs the lab (shaped links, injected faults) was asked for elsewhere."""
+@contextlib.contextmanager
+def _crossing(lab: Any, profile: str | None, label: str) -> Iterator[str]:
+    """The lab's ``profile`` inside the ``with`` (the old one back after); outside the lab, nothing changes."""
+    if lab is None:
+        yield label
+        return
+    chosen = profile or "unshaped"
+    with lab.using_profile(chosen):
+        yield f"lab:{chosen}"
 
 
 @dataclass
@@ -59,12 +67,8 @@ class LessonData:
     def network(self, profile: str | None = None) -> Iterator[str]:
         """Inside the ``with``, reads cross the lab's ``profile`` (this data's own by default), and the old one
         is put back after; outside the lab, the network is what it is. Yields the label of what was crossed."""
-        if self.lab is None:
-            yield self.label
-            return
-        chosen = profile or self.profile or "unshaped"
-        with self.lab.using_profile(chosen):
-            yield f"lab:{chosen}"
+        with _crossing(self.lab, profile or self.profile, self.label) as crossed:
+            yield crossed
 
     def lab_only(self, what: str) -> bool:
         """Whether a lab-only demonstration (``what``) can run here; where it cannot, one line says so."""
@@ -115,3 +119,65 @@ def images(course: Course, n: int, *, seed: int = 0, bucket: str = "", prefix: s
     entries = sorted(random.Random(seed).sample(listed, min(n, len(listed))), key=lambda e: e.name)
     return LessonData(source, entries, source.uri, f"{len(entries)} images drawn from the {len(listed)} of "
                       f"{source.uri} (bucket location {cloud.location}, {cloud.location_source})")
+
+
+@dataclass
+class CheckpointPlaces:
+    """Where lesson 10 saves checkpoints: ``folders`` (name -> folder) and ``buckets`` (name -> (``gs://``
+    address, client)). In the lab the folder is a gcsfuse mount of a lab bucket (a Drive folder's stand-in:
+    ``mounts`` holds it by name) and the same bucket is written through the API."""
+
+    folders: dict[str, Path]
+    buckets: dict[str, tuple[str, Any]]
+    label: str
+    lab: Any = field(default=None, repr=False)
+    profile: str | None = None
+    mounts: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def network(self) -> contextlib.AbstractContextManager[str]:
+        """The lab's profile (both ways: uploads too) inside the ``with``; elsewhere the network as it is."""
+        return _crossing(self.lab, self.profile, self.label)
+
+    def close(self) -> None:
+        """Unmount the lab's mounts and delete its bucket (nothing to do elsewhere)."""
+        for mount in self.mounts.values():
+            if mount.mounted:
+                mount.unmount()
+        if self.lab is not None:
+            for uri, _ in self.buckets.values():
+                self.lab.set_profile("unshaped")
+                self.lab.delete_bucket(uri.removeprefix("gs://").split("/")[0])
+
+    def __str__(self) -> str:
+        places = [f"{name}: {folder}" for name, folder in self.folders.items()]
+        places += [f"{name}: {uri}" for name, (uri, _) in self.buckets.items()]
+        return f"checkpoints go to {'; '.join(places)} ({self.label})"
+
+
+def checkpoint_places(course: Course, drive_folder: str = "", bucket: str = "", prefix: str = "",
+                      profile: str = "same-continent") -> CheckpointPlaces:
+    """Lesson 10's destinations: the lab's mounted bucket and the bucket itself; in Colab ``drive_folder`` and
+    (``WHERE = "mine"``) ``bucket``/``prefix`` where given, else a folder on the runtime's own disk."""
+    if course.where == "lab":
+        import time
+
+        from dataferry.lab import Lab
+
+        lab = Lab().up()
+        name = f"l10-ckpt-{time.time_ns()}"
+        lab.create_bucket(name)
+        mount = lab.mount(name)  # read-write, no file cache: the lab's stand-in for a Drive folder
+        places = CheckpointPlaces({"mounted folder": mount.mountpoint / "ckpts"},
+                                  {"bucket": (f"gs://{name}/ckpts", lab.client())}, f"lab:{profile}", lab, profile,
+                                  {"mounted folder": mount})
+        course.on_finish(places.close)
+        return places
+    folders: dict[str, Path] = {"Drive folder": Path(drive_folder)} if drive_folder else {}
+    buckets: dict[str, tuple[str, Any]] = {}
+    if course.where == "mine" and bucket:
+        cloud = course.cloud_data(bucket, prefix)  # signs you in
+        under = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        buckets["bucket"] = (f"gs://{bucket}/{under}dataferry-ckpts", cloud.client)
+    if not folders and not buckets:
+        folders["runtime's disk"] = course.folder("", "ckpts")  # the mechanism, on a disk a disconnect deletes
+    return CheckpointPlaces(folders, buckets, f"region: {course.region().region}")

@@ -19,7 +19,7 @@ __all__ = ["Profile", "PROFILES", "added_rtt_ms", "get_profile"]
 
 @dataclass(frozen=True)
 class Profile:
-    """Added round-trip latency (ms) and per-connection bandwidth (MB/s = 10^6 B/s; None = unlimited)."""
+    """Added round-trip latency (ms) and per-connection bandwidth each way (MB/s = 10^6 B/s; None = unlimited)."""
 
     name: str
     rtt_ms: float
@@ -40,9 +40,10 @@ class Profile:
                 out.append({"name": f"profile_latency_{stream}", "type": "latency", "stream": stream,
                             "toxicity": 1.0, "attributes": {"latency": int(round(half)), "jitter": 0}})
         if self.bandwidth_MBps:
-            # toxiproxy's rate is in KB/s with KB = 1000 bytes.
-            out.append({"name": "profile_bandwidth", "type": "bandwidth", "stream": "downstream",
-                        "toxicity": 1.0, "attributes": {"rate": int(round(self.bandwidth_MBps * 1000))}})
+            # toxiproxy's rate is in KB/s with KB = 1000 bytes; uploads (checkpoints) cross the same limit.
+            for stream, name in (("downstream", "profile_bandwidth"), ("upstream", "profile_bandwidth_upstream")):
+                out.append({"name": name, "type": "bandwidth", "stream": stream,
+                            "toxicity": 1.0, "attributes": {"rate": int(round(self.bandwidth_MBps * 1000))}})
         return out
 
     def __str__(self) -> str:

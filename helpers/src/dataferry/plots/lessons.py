@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.figure import Figure
 
     from dataferry.cache.counters import CacheStats
 
-__all__ = ["cache_budget"]
+__all__ = ["cache_budget", "save_times"]
 
 
 def cache_budget(usage: Sequence[int], budget: int, data_bytes: int, passes: Sequence[CacheStats],
@@ -50,3 +51,21 @@ def cache_budget(usage: Sequence[int], budget: int, data_bytes: int, passes: Seq
     counts.legend(loc="upper right", fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def save_times(saves: pd.DataFrame, title: str, lab: bool) -> Figure:
+    """Lesson 10: seconds per checkpoint save, by place and way (lines: medians; dots: each save)."""
+    import matplotlib.pyplot as plt
+
+    from dataferry.plots.dots import finish, medians_and_dots
+
+    colours = {"torch.save": "tab:red", "Checkpoints": "tab:blue"}
+    labels = saves["way"] + "\ninto the " + saves["place"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    plt.close(fig)
+    medians_and_dots(ax, saves.assign(label=labels), "seconds", by="label", log=False,
+                     colours={label: colours[way] for label, way in zip(labels, saves["way"])})
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_ylabel("seconds to save one checkpoint\n(lines: median; dots: each save)")
+    ax.set_title(title, fontsize=10)
+    return finish(fig, lab=lab)

@@ -286,6 +286,12 @@ class Course:
 
         return checkpoint_places(self, drive_folder, bucket, prefix, profile)
 
+    def local_files(self, n: int, size: int, given: str = "", seed: int = 0) -> Any:
+        """Files on this runtime's disk to time: see :func:`dataferry.lessondata.local_files`."""
+        from dataferry.lessondata import local_files
+
+        return local_files(self, n, size, given, seed)
+
     def on_finish(self, undo: Any) -> None:
         """Call ``undo()`` at :meth:`finish` (an unmount, a bucket to delete), before the results are zipped."""
         self._undo.append(undo)

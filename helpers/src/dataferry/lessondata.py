@@ -14,7 +14,10 @@ differs lives here, and :meth:`LessonData.lab_only` says so when a lab-only demo
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +27,8 @@ if TYPE_CHECKING:
     from dataferry.course import Course
     from dataferry.sources import Entry, GCSSource
 
-__all__ = ["IMAGE_SUFFIXES", "LessonData", "CheckpointPlaces", "images", "checkpoint_places"]
+__all__ = ["IMAGE_SUFFIXES", "LessonData", "CheckpointPlaces", "LocalFiles", "images", "checkpoint_places",
+           "local_files"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -180,4 +184,44 @@ def checkpoint_places(course: Course, drive_folder: str = "", bucket: str = "", 
         buckets["bucket"] = (f"gs://{bucket}/{under}dataferry-ckpts", cloud.client)
     if not folders and not buckets:
         folders["runtime's disk"] = course.folder("", "ckpts")  # the mechanism, on a disk a disconnect deletes
-    return CheckpointPlaces(folders, buckets, f"region: {course.region().region}")
+    region = course.region().region
+    return CheckpointPlaces(folders, buckets, f"region {region}" if region != "unknown" else "region not found")
+
+
+@dataclass
+class LocalFiles:
+    """Files of random bytes written to a disk (never to a folder in RAM, where nothing could be evicted)."""
+
+    paths: list[str]
+    filesystem: str
+    mountpoint: str
+
+    def __str__(self) -> str:
+        total = sum(os.path.getsize(p) for p in self.paths)
+        return (f"{len(self.paths)} files, {total / 1e6:.1f} MB, on the {self.filesystem} file system mounted at "
+                f"{self.mountpoint}" + (": in RAM, so eviction cannot work" if self.filesystem in _IN_RAM else ""))
+
+
+_IN_RAM = ("tmpfs", "ramfs")
+
+
+def local_files(course: Course, n: int, size: int, given: str = "", seed: int = 0) -> LocalFiles:
+    """``n`` files of ``size`` random bytes under ``given``, else under a temporary folder on a disk that
+    :meth:`Course.finish` removes; each is synced, so its pages are clean and can be dropped."""
+    from dataferry.host import mount_of
+
+    folder = course.folder(given, "files")
+    if not given and mount_of(folder)[1] in _IN_RAM:  # /tmp in RAM: a folder under home is on a disk
+        folder = Path(tempfile.mkdtemp(prefix=f"{course.lesson[:2]}-files-", dir=Path.home()))
+        course.on_finish(lambda: shutil.rmtree(folder, ignore_errors=True))
+    folder.mkdir(parents=True, exist_ok=True)
+    rng, paths = random.Random(seed), []
+    for i in range(n):
+        path = folder / f"sample-{i:03d}.bin"
+        with open(path, "wb") as f:
+            f.write(rng.randbytes(size))
+            f.flush()
+            os.fsync(f.fileno())
+        paths.append(str(path))
+    mountpoint, filesystem = mount_of(folder)
+    return LocalFiles(paths, filesystem, str(mountpoint))

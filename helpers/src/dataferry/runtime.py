@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from dataferry.host import in_colab
 
-__all__ = ["METADATA_URL", "Region", "detect_region", "in_colab", "memory_tier", "Runtime", "capture", "colocation"]
+__all__ = ["METADATA_URL", "REGION_SOURCES", "Region", "detect_region", "in_colab", "memory_tier", "Runtime", "capture", "colocation"]
 
 #: Cloud Storage's multi-regions and predefined dual-regions, with the regions that hold their data
 #: (Google's "Bucket locations" page).
@@ -152,6 +152,16 @@ def detect_region(
     return found if found is not None else Region("unknown", None, "unknown")
 
 
+#: How a region was found, in words (``Region.source`` -> sentence).
+REGION_SOURCES = {
+    "override": "you named it (REGION, or $DATAFERRY_REGION)",
+    "lab": "a lab profile: an assumption, not a real region",
+    "metadata": "the GCE metadata server: this runtime is a Google Compute Engine VM",
+    "ip-lookup": "a geo-IP lookup of this runtime's public address (coarse: a state or country, not a cloud region)",
+    "unknown": "nothing answered: no GCE metadata server, no geo-IP answer (tried in Colab only), no override",
+}
+
+
 @dataclass(repr=False)
 class Runtime:
     """A snapshot of the machine and software a measurement ran on."""
@@ -207,6 +217,33 @@ class Runtime:
             "drop_caches_writable": self.drop_caches_writable,
             "region": {"region": self.region.region, "zone": self.region.zone, "source": self.region.source},
         }
+
+    def facts(self) -> list[tuple[str, str]]:
+        """(what, value) rows a person reads: where this runs, with what, and how the region was found."""
+        if self.accelerator.startswith("cuda"):
+            accelerator = "GPU: " + ", ".join(self.cuda_devices)
+        elif self.accelerator.startswith("tpu"):
+            accelerator = "TPU" + (f" ({self.accelerator.split(':', 1)[1]})" if ":" in self.accelerator else "")
+        else:
+            accelerator = "none (CPU only)"
+        disk = (f"{self.disk_free_bytes / 1e9:.0f} GB free of {self.disk_total_bytes / 1e9:.0f} GB"
+                if self.disk_total_bytes else "unknown (the folder asked about was not there)")
+        zone = f" (zone {self.region.zone})" if self.region.zone else ""
+        return [
+            ("Colab", "yes" if self.colab else "no (a local machine, a VM or CI)"),
+            ("runtime kind (the label on result rows)", self.kind),
+            ("accelerator", accelerator),
+            ("region", self.region.region + zone),
+            ("region found by", REGION_SOURCES.get(self.region.source, self.region.source)),
+            ("CPUs", str(self.cpus)),
+            ("RAM", f"{self.ram_bytes / 2**30:.1f} GiB" + (f" (Colab's {self.tier} shape)" if self.tier else "")),
+            ("disk", disk),
+            ("python", self.python),
+            ("gcsfuse", self.gcsfuse or "not on PATH"),
+            ("google_crc32c", self.crc32c_implementation or "not installed"),
+            ("page cache dropped", "globally (root)" if self.drop_caches_writable else "per file (posix_fadvise)"),
+            ("versions", ", ".join(f"{n} {v or '(not installed)'}" for n, v in self.versions.items())),
+        ]
 
     def __repr__(self) -> str:
         return (

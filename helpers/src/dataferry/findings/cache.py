@@ -25,10 +25,10 @@ def budget_and_verify(where: str, data_bytes: int, budget: int, peak: int, passe
         said.append(f"A budget of {mb(budget)} ({share}) did NOT hold: usage reached {mb(peak)}, a bug to report.")
     reads = second.hits + second.misses
     if second.hits == 0:
-        said.append(f"A second pass in the same order had 0 hits in {reads} reads: each image was evicted just "
-                    "before its turn came again; LRU gives nothing to a fixed-order scan larger than the budget.")
+        said.append(f"A second pass over the same images had 0 hits in {reads} reads: each image was evicted "
+                    "before its turn came again; LRU gives nothing to a scan in a fixed order larger than the budget.")
     else:
-        said.append(f"A second pass in the same order had {second.hits} hits in {reads} reads.")
+        said.append(f"A second pass over the same images had {second.hits} hits in {reads} reads.")
     if kept.misses == 0:
         said.append(f"Re-reading only the {kept.hits} images still cached downloaded none: what the budget keeps "
                     "is read from the disk.")
@@ -41,9 +41,9 @@ def budget_and_verify(where: str, data_bytes: int, budget: int, peak: int, passe
         said.append(f"Reading a copy damaged on disk downloaded it {read_refetches} times, "
                     + ("with the bucket's bytes." if read_right else "and did NOT return the bucket's bytes."))
     if verify_bad == 1:
-        said.append(f"verify() checked {verify_checked} entries and removed the one damaged copy no read had "
-                    "touched yet.")
+        said.append(f"verify() checked {verify_checked} entries and removed the one copy damaged since it was "
+                    "last read.")
     else:
-        said.append(f"verify() checked {verify_checked} entries and found {verify_bad} damaged, where one was.")
+        said.append(f"verify() checked {verify_checked} entries and found {verify_bad} damaged, where one was damaged.")
     images = first.hits + first.misses
     return Conclusion(f"{where}; {images} images, {mb(data_bytes)}", said)

@@ -23,10 +23,11 @@ def _compare(place: str, straight: Sequence[float], safe: Sequence[float]) -> st
                 "run cannot tell them apart.")
     ratio = mc / ms
     if ratio > SAME_WITHIN:
-        return f"{head}: {ratio:.2f}x; the local write and the read-back are the price of a save a failure cannot tear."
+        return (f"{head}: {ratio:.2f}x, most likely the price of the local write and the read-back that make a save "
+                "a failure cannot tear.")
     if ratio < 1 / SAME_WITHIN:
-        return (f"{head}: {ratio:.2f}x; one local write and a copy in large blocks beat torch.save's many small "
-                "writes through the mount.")
+        return (f"{head}: {ratio:.2f}x, most likely because one local write and a copy in large blocks beat "
+                "torch.save's many small writes there.")
     return f"{head}: about the same ({ratio:.2f}x)."
 
 

@@ -11,10 +11,11 @@ Figures a lab run produces are labelled ``lab:<profile>`` and are never cloud nu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dataferry.lab.errors import LabError
 
-__all__ = ["Profile", "PROFILES", "added_rtt_ms", "get_profile"]
+__all__ = ["Profile", "PROFILES", "added_rtt_ms", "get_profile", "profile_table"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +94,12 @@ def added_rtt_ms(region: str) -> float | None:
     bucket. None for a real region, whose distance the result rows do not say."""
     name = region.removeprefix("lab:")
     return PROFILES[name].rtt_ms if region.startswith("lab:") and name in PROFILES else None
+
+
+def profile_table() -> Any:
+    """Every profile as a table row: its label, round trip, bandwidth and the assumption behind it."""
+    import pandas as pd
+
+    return pd.DataFrame([{"profile": p.name, "rows are labelled": p.label, "added round trip (ms)": p.rtt_ms,
+                          "MB/s per connection, each way": f"{p.bandwidth_MBps:g}" if p.bandwidth_MBps else "unlimited",
+                          "assumption": p.assumption} for p in PROFILES.values()])

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from dataferry.cache.counters import CacheStats
 
-__all__ = ["cache_budget", "save_times"]
+__all__ = ["cache_budget", "save_times", "warm_vs_cold"]
 
 
 def cache_budget(usage: Sequence[int], budget: int, data_bytes: int, passes: Sequence[CacheStats],
@@ -69,3 +69,32 @@ def save_times(saves: pd.DataFrame, title: str, lab: bool) -> Figure:
     ax.set_ylabel("seconds to save one checkpoint\n(lines: median; dots: each save)")
     ax.set_title(title, fontsize=10)
     return finish(fig, lab=lab)
+
+
+def warm_vs_cold(reads: pd.DataFrame, title: str) -> Figure:
+    """Lesson 00: per-file MB/s of cold reads (after eviction) and warm ones, as boxes on a log axis."""
+    import matplotlib.pyplot as plt
+
+    from dataferry.plots.figures import log_axis
+    from dataferry.plots.palette import method_palette
+
+    colour = method_palette(["local"])["local"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    plt.close(fig)
+    for x, kind in enumerate(("cold", "warm")):
+        rows = reads[reads["read"] == kind]
+        values = rows["MBps"].to_numpy(float)
+        box = ax.boxplot([values], positions=[x], widths=0.5, patch_artist=True,
+                         medianprops={"color": "black", "linewidth": 1.5})
+        box["boxes"][0].set_facecolor(colour if kind == "cold" else (1.0, 1.0, 1.0))
+        box["boxes"][0].set_edgecolor(colour)
+        ax.annotate(f"n={values.size}", xy=(x, values.max()), xytext=(0, 4), textcoords="offset points",
+                    ha="center", fontsize=8)
+    states = ["/".join(sorted(reads.loc[reads["read"] == k, "cache_state"].unique())) for k in ("cold", "warm")]
+    ax.set_xticks([0, 1], [f"cold: read after evict()\n({states[0]})", f"warm: read again\n({states[1]})"])
+    log_axis(ax)
+    ax.set_ylabel("MB/s (10^6 B/s) per file, log scale")
+    ax.set_title(title, fontsize=10)
+    ax.margins(y=0.15)
+    fig.tight_layout()
+    return fig

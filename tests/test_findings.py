@@ -192,3 +192,94 @@ def test_runtime_facts_say_an_unknown_disk_and_how_the_region_was_found(tmp_path
     assert here["region found by"] == REGION_SOURCES["metadata"] and "GB free of" in here["disk"]
     gone = dict(capture(str(tmp_path / "not-there"), region=Region("unknown", None, "unknown")).facts())
     assert gone["disk"].startswith("unknown") and "0 GB" not in gone["disk"]
+
+
+# -- lesson 07 ---------------------------------------------------------------------------------------
+
+def _region_rows(first, again=None, seconds=1.0, error=""):
+    """Epoch rows: first = {(region, method): [MB/s per repeat]}; again likewise for pass 2."""
+    import pandas as pd
+
+    rows = []
+    for pass_no, table in ((1, first), (2, again or {})):
+        for (region, method), values in table.items():
+            rows += [{"phase": "epoch", "error": error, "pass": pass_no, "region": region, "method": method,
+                      "MBps": v, "ns": seconds * 1e9, "repeat": i} for i, v in enumerate(values, 1)]
+    return pd.DataFrame(rows)
+
+
+NEAR, FAR = "lab:colocated", "lab:cross-continent"
+
+
+@pytest.mark.parametrize("gcsfuse_far, seconds, words", [
+    ([10, 11, 12], 1.0, "gcsfuse suffers most from distance here"),
+    ([10, 11, 12], 0.19, "too short to rank the methods by it"),
+    ([10, 11, 12], 0.2, "gcsfuse suffers most from distance here"),
+    ([20, 40, 80], 1.0, "their ranges across repeats overlap, so this run cannot rank"),
+])
+def test_methods_are_ranked_by_distance_only_when_epochs_are_long_and_ranges_apart(gcsfuse_far, seconds, words):
+    from dataferry.findings import regions
+
+    rows = _region_rows({(NEAR, "gcsfuse"): [100, 100, 100], (FAR, "gcsfuse"): gcsfuse_far,
+                         (NEAR, "dataferry"): [100, 100, 100], (FAR, "dataferry"): [50, 50, 50]}, seconds=seconds)
+    said = regions.by_region(rows, [NEAR, FAR], lab=True, repeats=3).sentences
+    assert said[0].startswith("The regions are lab profiles")
+    assert said[1].startswith(f"From {NEAR} to {FAR}, first reads slowed by 2.0x (dataferry) to ")
+    assert words in said[1]
+
+
+def test_two_repetitions_cannot_rank_and_a_method_not_slower_far_away_is_said():
+    from dataferry.findings import regions
+
+    rows = _region_rows({(NEAR, "gcsfuse"): [100, 100], (FAR, "gcsfuse"): [10, 10],
+                         (NEAR, "dataferry"): [100, 100], (FAR, "dataferry"): [95, 95]})
+    said = regions.by_region(rows, [NEAR, FAR], lab=False, repeats=2).sentences
+    assert "from 2 repetition(s): too few to rank" in said[0]
+    assert said[1] == "dataferry was not slower far away in this run."
+    assert said[-1].startswith("Only 2 repetition(s)")
+
+
+@pytest.mark.parametrize("near_again, kept", [(150, True), (151, False)])
+def test_re_reads_of_copies_are_the_same_within_one_and_a_half_times(near_again, kept):
+    from dataferry.findings import regions
+
+    rows = _region_rows({(NEAR, "dataferry"): [100] * 3, (FAR, "dataferry"): [50] * 3},
+                        {(NEAR, "dataferry"): [near_again * 0.999] * 3 if kept else [near_again] * 3,
+                         (FAR, "dataferry"): [100] * 3})
+    said = " ".join(regions.by_region(rows, [NEAR, FAR], lab=True, repeats=5).sentences)
+    assert ("for 1 of 1 methods (dataferry): once the data is local" in said) is kept
+    assert ("for 0 of 1 methods (none)." in said) is not kept
+
+
+@pytest.mark.parametrize("fast, words", [([94, 94], "slower. The client checks each download's CRC32C either way"),
+                                         ([95, 95], "as fast or faster"), ([94, 95], "slower in some regions")])
+def test_dataferry_against_transfer_manager_on_each_side_of_as_fast(fast, words):
+    from dataferry.findings import regions
+
+    rows = _region_rows({(NEAR, "api-parallel"): [100] * 3, (FAR, "api-parallel"): [100] * 3,
+                         (NEAR, "dataferry"): [fast[0]] * 3, (FAR, "dataferry"): [fast[1]] * 3})
+    said = [s for s in regions.by_region(rows, [NEAR, FAR], lab=True, repeats=5) if s.startswith("dataferry's")]
+    assert len(said) == 1 and words in said[0]
+
+
+@pytest.mark.parametrize("again, crossed", [(149, True), (150, False)])
+def test_gcsfuse_re_reads_cross_the_link_again_below_one_and_a_half_times(again, crossed):
+    from dataferry.findings import regions
+
+    rows = _region_rows({(NEAR, "gcsfuse"): [100] * 3}, {(NEAR, "gcsfuse"): [again] * 3})
+    said = regions.by_region(rows, [NEAR], lab=False, repeats=5, relation="another region").sentences
+    assert said[0].startswith("One region only")
+    assert said[1].startswith("gcsfuse without a file cache re-read at")
+    assert ("every read crossed the link again" in said[1]) is crossed
+    assert said[2] == "Runtime and bucket: another region; every first read crosses regions, and is billed as data transfer."
+
+
+def test_failed_epochs_are_said_first():
+    import pandas as pd
+
+    from dataferry.findings import regions
+
+    rows = pd.concat([_region_rows({(NEAR, "gcsfuse"): [1]}, error="mount failed: no fuse"),
+                      _region_rows({(NEAR, "dataferry"): [100]})])
+    assert regions.by_region(rows, [NEAR], lab=True, repeats=5).sentences[0] == \
+        "gcsfuse: 1 failed epoch(s), e.g. mount failed: no fuse."

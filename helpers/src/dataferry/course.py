@@ -292,6 +292,12 @@ class Course:
 
         return local_files(self, n, size, given, seed)
 
+    def methods_run(self, methods: list[str], n_files: int, repeats: int, **where: Any) -> Any:
+        """Every method's first read and re-read: see :func:`dataferry.lessondata.methods_run`."""
+        from dataferry.lessondata import methods_run
+
+        return methods_run(self, methods, n_files, repeats, **where)
+
     def on_finish(self, undo: Any) -> None:
         """Call ``undo()`` at :meth:`finish` (an unmount, a bucket to delete), before the results are zipped."""
         self._undo.append(undo)

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from dataferry.course import Course
     from dataferry.sources import Entry, GCSSource
 
-__all__ = ["IMAGE_SUFFIXES", "LessonData", "CheckpointPlaces", "LocalFiles", "images", "checkpoint_places",
-           "local_files"]
+__all__ = ["IMAGE_SUFFIXES", "LessonData", "CheckpointPlaces", "LocalFiles", "MethodsRun", "images",
+           "checkpoint_places", "local_files", "methods_run"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -225,3 +225,52 @@ def local_files(course: Course, n: int, size: int, given: str = "", seed: int = 
         paths.append(str(path))
     mountpoint, filesystem = mount_of(folder)
     return LocalFiles(paths, filesystem, str(mountpoint))
+
+
+@dataclass
+class MethodsRun:
+    """One run of the methods benchmark (lessons 07 and 11): its rows, its folder, and where it read."""
+
+    rows: Any
+    folder: Path
+    about: str
+    lab: bool
+    bucket_location: str | None = None
+
+    def __str__(self) -> str:
+        return self.about
+
+
+def methods_run(course: Course, methods: list[str], n_files: int, repeats: int, *, seed: int = 0,
+                profiles: tuple[str, ...] | list[str] = ("colocated", "cross-continent"), file_bytes: int = 1 << 20,
+                bucket: str = "", prefix: str = "", dataset: str = "flowers", region: str = "") -> MethodsRun:
+    """Every method reads the same files, first read and re-read, ``repeats`` times: in the lab under each of
+    ``profiles`` (``n_files`` of ``file_bytes``, in a lab of its own), elsewhere from the public ``dataset`` or
+    your ``bucket``/``prefix`` (a sample of ``n_files``), in whatever region this runtime is. Rows go to a
+    new folder under the results, as they are measured."""
+    import time
+
+    from dataferry.timing import load_results
+
+    folder = course.results_dir / course.lesson / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    if course.where == "lab":
+        from dataferry.lab.methodsbench import bench_lab
+
+        result = bench_lab(out=folder, json_path=folder / "methods.json", profiles=list(profiles), methods=methods,
+                           n_files=n_files, file_bytes=file_bytes, repeats=repeats, passes=2, seed=seed,
+                           say=lambda line: None)
+        about = f"{n_files} files x {file_bytes / 2**20:g} MiB in the lab, under {', '.join('lab:' + p for p in profiles)}"
+        return MethodsRun(load_results(folder, run_id=result["run_id"]), folder, about, True)
+    from dataferry.bench import bench_source
+
+    cloud = course.cloud_data(bucket, prefix, dataset=dataset)
+    if any(m.startswith("gcsfuse") for m in methods):
+        from dataferry import mounts
+
+        mounts.install_gcsfuse()  # Google's apt package, in Colab
+    result = bench_source(cloud.uri, out=folder, json_path=folder / "methods.json", methods=methods,
+                          max_files=n_files, passes=2, repeats=repeats, seed=seed, region=course.region(region),
+                          client=cloud.client, suffix=cloud.suffix, meta={"bucket_location": cloud.location},
+                          say=lambda line: None)
+    about = f"up to {n_files} files of {cloud.uri} (bucket location {cloud.location}, {cloud.location_source})"
+    return MethodsRun(load_results(folder, run_id=result["run_id"]), folder, about, False, cloud.location)

@@ -93,3 +93,45 @@ def test_findings_never_pool_two_lessons_and_name_a_fastest_only_at_a_clear_lead
     assert "- First reads ran at least 3x below re-reads of a local copy in 4 of 4 settings: first reads are paid to " \
            "the network." in said
     assert said[-1] == f"- {len(cannot)} question(s) these runs cannot answer are listed with the findings above."
+
+
+def _train(method, au, bound, epoch=2, region="lab:colocated"):
+    return {"lesson": "08_will_my_gpu_starve", "region": region, "runtime": "local-cpu", "compute_profile": "resnet50",
+            "method": method, "au": au, "bound_by": bound, "pass": epoch, "error": ""}
+
+
+@pytest.mark.parametrize("train, verdict", [
+    ([_train("dataferry", 0.90, "compute"), _train("gcsfuse", 0.3, "loader")],
+     "best reader (dataferry) kept the accelerator busy 90% of the time, bound by compute: reading was no longer the "
+     "limit, as the post said."),
+    ([_train("dataferry", 0.89, "compute")], "these epochs cannot say whether reading was still the limit."),
+    ([_train("dataferry", 0.95, "loader")], "bound by loader: reading still held training back."),
+    ([_train("dataferry", 0.95, "compute", epoch=1)], None),
+])
+def test_the_posts_third_finding_is_tested_with_the_training_loop_rows_after_epoch_one(train, verdict):
+    """The post's third finding: once files are cached locally, other factors may bound training. Lesson 08's
+    train rows of epoch 2 and later say whether the best reader kept the accelerator busy (AU >= 90%, bound by
+    compute); epoch 1 rows do not count; without them the finding is listed as one these runs cannot test."""
+    f = _findings(_lesson("04_stage", _rows("b", 8, "lab:colocated", "dataferry", 11, 900)))
+    f.train = pd.DataFrame(train)
+    said = []
+    cannot = f.against_the_post(say=said.append)
+    text = "\n".join(said)
+    assert "3. The post: \u201cafter the first epoch of training, caching the files locally" in text
+    assert "   More specifically, the post found the second read" in text
+    if verdict:
+        assert verdict in text and not any(c.startswith("whether other factors") for c in cannot)
+    else:
+        assert "kept the accelerator busy" not in text
+    f.train = None
+    assert any(c.startswith("whether other factors bound training") for c in f.against_the_post(say=said.append))
+
+
+def test_a_lab_setting_is_never_said_to_be_bound_as_in_2020():
+    said = []
+    _findings(_lesson("04_stage", _rows("b", 8, "lab:colocated", "dataferry", 11, 900)),
+              _lesson("04_stage", _rows("c", 8, "us-central1", "dataferry", 11, 900))).against_the_post(say=said.append)
+    lab = next(s for s in said if s.startswith("   - lab:colocated"))
+    cloud = next(s for s in said if s.startswith("   - us-central1"))
+    assert "a link we chose" in lab and "as in 2020" not in lab
+    assert cloud.endswith("the transfer bounds first reads, as in 2020.")

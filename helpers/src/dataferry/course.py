@@ -48,6 +48,9 @@ POST_2020: dict[str, Any] = {
     "title": "Large datasets on Colab",
     "url": "https://sharkovsky.github.io/2020/09/18/colab-io-bench.html",
     "quotes": {
+        "caching": "after the first epoch of training, caching the files locally on the Colab runtime significantly "
+                   "improves the performance, to the point that other factors (such as gpu transfers) may become the "
+                   "bottlenecks to training performance",
         "bottleneck": "the major bottleneck for the performance of reading the training dataset is the time "
                       "required to transfer the files from their remote location to the Colab environment during "
                       "the first epoch",
@@ -297,6 +300,12 @@ class Course:
         from dataferry.lessondata import methods_run
 
         return methods_run(self, methods, n_files, repeats, **where)
+
+    def pooled_runs(self, extra: list[str], shipped: bool = True, **options: Any) -> Any:
+        """Every run pooled for the analysis: see :func:`dataferry.lessondata.pooled_runs`."""
+        from dataferry.lessondata import pooled_runs
+
+        return pooled_runs(self, extra, shipped, **options)
 
     def on_finish(self, undo: Any) -> None:
         """Call ``undo()`` at :meth:`finish` (an unmount, a bucket to delete), before the results are zipped."""

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from dataferry.course import Course
     from dataferry.sources import Entry, GCSSource
 
-__all__ = ["IMAGE_SUFFIXES", "LessonData", "CheckpointPlaces", "LocalFiles", "MethodsRun", "images",
-           "checkpoint_places", "local_files", "methods_run"]
+__all__ = ["IMAGE_SUFFIXES", "BENCHMARK", "LessonData", "CheckpointPlaces", "LocalFiles", "MethodsRun", "Pooled",
+           "images", "checkpoint_places", "local_files", "methods_run", "pooled_runs"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -247,12 +247,12 @@ def methods_run(course: Course, methods: list[str], n_files: int, repeats: int, 
     """Every method reads the same files, first read and re-read, ``repeats`` times: in the lab under each of
     ``profiles`` (``n_files`` of ``file_bytes``, in a lab of its own), elsewhere from the public ``dataset`` or
     your ``bucket``/``prefix`` (a sample of ``n_files``), in whatever region this runtime is. Rows go to a
-    new folder under the results, as they are measured."""
+    new folder under the results' ``<NN>_by_region``, as they are measured."""
     import time
 
     from dataferry.timing import load_results
 
-    folder = course.results_dir / course.lesson / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    folder = course.results_dir / f"{course.lesson[:2]}_by_region" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     if course.where == "lab":
         from dataferry.lab.methodsbench import bench_lab
 
@@ -274,3 +274,64 @@ def methods_run(course: Course, methods: list[str], n_files: int, repeats: int, 
                           say=lambda line: None)
     about = f"up to {n_files} files of {cloud.uri} (bucket location {cloud.location}, {cloud.location_source})"
     return MethodsRun(load_results(folder, run_id=result["run_id"]), folder, about, False, cloud.location)
+
+
+#: Lesson 07's benchmark: runs from real clouds are contributed from it, and the standard figures draw it.
+BENCHMARK = "07_by_region"
+
+
+@dataclass
+class Pooled:
+    """Every run pooled for lesson 11: all rows, the usable epoch rows with their setting, the training-loop
+    rows, and the rows the standard figures draw (one lesson's runs of one file count)."""
+
+    rows: Any
+    epochs: Any
+    train: Any
+    figure_rows: Any
+    train_drawn: Any
+    about: str
+
+    def __str__(self) -> str:
+        return self.about
+
+
+def pooled_runs(course: Course, extra: list[str], shipped: bool, *, figure_lesson: str = "",
+                **fallback: Any) -> Pooled:
+    """Every ``results.csv`` under the course's results, ``extra`` folders and (``shipped``) the runs from real
+    clouds that ship with the package, each row labelled with its lesson. With no epoch rows at all, a small
+    :func:`methods_run` (``fallback``: its arguments) measures first, so the lesson has data."""
+    import pandas as pd
+
+    from dataferry.analysis import label_epochs, pool
+    from dataferry.shipped import shipped_results
+
+    folders = ([(course.results_dir, None)] + [(folder, None) for folder in extra]
+               + ([(shipped_results(), BENCHMARK)] if shipped else []))
+    rows = pool(folders, say=lambda line: None)
+    epochs = label_epochs(rows) if rows is not None else None
+    measured = ""
+    if epochs is None or epochs.empty:
+        methods, n_files, repeats = fallback.pop("methods"), fallback.pop("n_files"), fallback.pop("repeats")
+        methods_run(course, methods, n_files, repeats, **fallback)
+        measured = "No epoch rows were pooled yet, so a small comparison was measured first. "
+        rows = pool(folders, say=lambda line: None)
+        epochs = label_epochs(rows)
+    lessons = epochs["lesson"].value_counts()
+    drawn_lesson = figure_lesson or (BENCHMARK if BENCHMARK in lessons.index else lessons.index[0])
+    if drawn_lesson not in lessons.index:
+        raise ValueError(f"FIGURE_LESSON = {figure_lesson!r} has no epoch rows here; pooled: {', '.join(lessons.index)}")
+    files = epochs[epochs["lesson"] == drawn_lesson]["files"].value_counts().index[0]
+    drawn = epochs[(epochs["lesson"] == drawn_lesson) & (epochs["files"] == files)]
+    failed = int(((rows["phase"] == "epoch") & (rows["error"] != "")).sum())
+    n_shipped = len(list(shipped_results().rglob("results.csv"))) if shipped else 0
+    about = (f"{measured}{len(rows)} rows from {rows['run_id'].nunique()} runs ({n_shipped} shipped from real clouds); "
+             f"{len(epochs)} usable epoch rows ({failed} failed epochs left out). The standard figures draw "
+             f"{drawn_lesson}'s runs of {files} files ({len(drawn)} epoch rows).")
+    train = rows[(rows["phase"] == "train") & (rows["error"] == "")]
+    train_drawn = train
+    if not train.empty:  # the AU figure draws one setting, the most common; the table has every setting
+        keys = ["lesson", "samples", "bytes", "runtime"]
+        setting = train.groupby(keys).size().idxmax()
+        train_drawn = train[(train[keys] == pd.Series(setting, index=keys)).all(axis=1)]
+    return Pooled(rows, epochs, train, rows.loc[drawn.index], train_drawn, about)

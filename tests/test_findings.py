@@ -283,3 +283,72 @@ def test_failed_epochs_are_said_first():
                       _region_rows({(NEAR, "dataferry"): [100]})])
     assert regions.by_region(rows, [NEAR], lab=True, repeats=5).sentences[0] == \
         "gcsfuse: 1 failed epoch(s), e.g. mount failed: no fuse."
+
+
+# -- lesson 02 ---------------------------------------------------------------------------------------
+
+def _fuse_rows(table):
+    import pandas as pd
+
+    return pd.DataFrame([{"phase": "epoch", "error": "", "method": m, "pass": p, "MBps": v}
+                         for (m, p), values in table.items() for v in values])
+
+
+@pytest.mark.parametrize("again, words", [
+    ([20, 21, 22, 23, 24], "faster than its first read."),
+    ([10, 10.5, 11, 11.5, 12], "no faster than its first read: every read crossed the link again."),
+    ([8, 12, 16, 20, 24], "the interval straddles 1.5x, so this run cannot tell"),
+])
+def test_a_gcsfuse_re_read_is_judged_by_its_interval_against_one_and_a_half(again, words):
+    from dataferry.findings import gcsfuse
+
+    rows = _fuse_rows({("gcsfuse", 1): [10, 10, 10, 10, 10], ("gcsfuse", 2): again})
+    first = gcsfuse.cache_and_width(rows, "lab:far", 5, 5).sentences[0]
+    assert first.startswith("Without a file cache, gcsfuse re-read at ") and words in first
+
+
+def test_two_repetitions_judge_nothing_and_the_width_and_cache_cost_are_said():
+    from dataferry.findings import gcsfuse
+
+    rows = _fuse_rows({("gcsfuse", 1): [10, 10], ("gcsfuse", 2): [30, 30], ("gcsfuse-cache", 1): [7.9, 7.9],
+                       ("gcsfuse-cache", 2): [90, 90], ("gcsfuse-serial", 1): [2, 2]})
+    said = gcsfuse.cache_and_width(rows, "us-central1", 32, 2).sentences
+    assert said[0].endswith("3.00x (from 2 repetition(s): no interval, so this run cannot tell).")
+    assert said[2] == ("With the file cache, the first read ran at 0.79x the speed of one without it: writing the local "
+                       "copy slowed the first read noticeably.")
+    assert said[3].startswith("Reading 16 files at a time took gcsfuse's first read to 5.00x the speed of one file")
+    assert said[-1].startswith("Only 2 repetition(s)") and not any("Lab numbers" in s for s in said)
+    cost = _fuse_rows({("gcsfuse", 1): [10] * 3, ("gcsfuse-cache", 1): [8] * 3})
+    assert "cost little" in gcsfuse.cache_and_width(cost, "lab:far", 5, 5).sentences[2]
+
+
+@pytest.mark.parametrize("second, in_ram, words", [
+    (30, 1.0, "comes from RAM"), (29.9, 1.0, "each open() through gcsfuse dropped them"),
+    (29.9, 0.5, "had not stayed in RAM"),
+])
+def test_a_re_read_without_eviction_is_said_to_come_from_ram_only_at_three_times(second, in_ram, words):
+    import pandas as pd
+
+    from dataferry.findings import gcsfuse
+
+    reads = pd.DataFrame([{"first read MB/s": 10.0, "in RAM before the second": in_ram, "second read MB/s": second}])
+    said = gcsfuse.without_eviction(reads, "lab:far", "v3.11.4").sentences
+    assert "(gcsfuse v3.11.4)" in said[0] and words in said[1]
+    assert said[2].startswith("The 2020 post ran gcsfuse 0.30.0") and "cannot be verified (lesson 00)" in said[2]
+
+
+@pytest.mark.parametrize("listing, kept", [(3.0, True), (2.9, False)])
+def test_knobs_parallel_downloads_listings_and_read_only_are_said(listing, kept):
+    import pandas as pd
+
+    from dataferry.findings import gcsfuse
+
+    rows = [{"knob": "file cache", "first read MB/s": 10.0 + i, "second listing ms": listing} for i in range(5)]
+    rows += [{"knob": "+ parallel downloads", "first read MB/s": 20.0 + i, "second listing ms": listing} for i in range(5)]
+    rows += [{"knob": "+ metadata and listings kept", "first read MB/s": 10.0, "second listing ms": 1.0}] * 5
+    said = gcsfuse.knobs(pd.DataFrame(rows), "lab:far", "the write was refused (Read-only file system)", "knobs", 5)
+    assert said.sentences[0].startswith("Parallel downloads took the first read of large files to ")
+    assert "the knob pays on a large file's first read" in said.sentences[0]
+    assert ("without it every listing went back to the bucket" in said.sentences[1]) is kept
+    assert said.sentences[2] == ("A read-only mount of only 'knobs' showed just that folder, and the write was refused "
+                                 "(Read-only file system): safety, not speed.")

@@ -222,3 +222,14 @@ def test_colocation_of_a_runtime_and_a_bucket():
     assert colocation("us-west1", "NAM4") == "another region"
     assert colocation("europe-west4", "US") == "another region"
     assert colocation("unknown", "US") == colocation("lab:colocated", "US") == colocation("us-east1", "") == "unknown"
+
+
+def test_colocation_says_unknown_for_a_place_a_geo_ip_lookup_gives():
+    """A geo-IP answer is a state or a country, not a cloud region: it can place a runtime neither inside nor
+    outside a bucket's region."""
+    from dataferry.runtime import colocation
+
+    assert colocation("Iowa, US", "US-CENTRAL1") == colocation("iowa", "US") == "unknown"
+    assert colocation("us-central1", "US-CENTRAL1") == "same region"
+    assert colocation("europe-west4", "US-CENTRAL1") == "another region"
+    assert colocation("lab:colocated", "US") == "unknown"

@@ -165,8 +165,8 @@ class Findings:
             lead, runner_up = _leader(remote)
             which = (f"the only first read measured ({best}" if len(remote) == 1 else f"the fastest first read ({best}" if lead
                      else f"the first reads of {best} and {runner_up}, within {LEAD}x of each other, the higher ({best}")
-            as_in_2020 = ("the lab's link bounds first reads here (a link we chose: a mechanism, not a finding about "
-                          "the cloud)." if setting[3].startswith("lab:") else "the transfer bounds first reads, as in 2020.")
+            as_in_2020 = ("the lab's link (its round trip and bandwidth) bounds first reads here: a link we chose, so a "
+                          "mechanism, not a finding about the cloud." if setting[3].startswith("lab:") else "the transfer bounds first reads, as in 2020.")
             say(f"   - {_named(setting)}: {which}, {remote[best]:.1f} MB/s) ran "
                 + (f"{r:.0f}x below re-reads of a local copy ({copy:.0f} MB/s): {as_in_2020}"
                    if r >= 3 else f"only {r:.1f}x below re-reads of a local copy ({copy:.0f} MB/s): the link was hardly the limit here."))
@@ -284,10 +284,11 @@ class Findings:
     def _caveat(self, say: Say) -> None:
         ep, regions, lab_regions = self.ep, self.regions, self.lab_regions
         n_lab = int(ep["region"].str.startswith("lab:").sum())
-        say(f"\nCaveat: {n_lab} of {len(ep)} epoch rows come from the offline lab ({', '.join(lab_regions) or 'none'}). "
-            "They show mechanisms under assumed links (toxiproxy on loopback, fake-gcs-server in memory) and are not "
-            "cloud numbers." + (f" The other {len(ep) - n_lab} rows come from "
-                                f"{', '.join(r for r in regions if r not in lab_regions)}." if len(ep) > n_lab else ""))
+        if n_lab:
+            say(f"\nCaveat: {n_lab} of {len(ep)} epoch rows come from the offline lab ({', '.join(lab_regions)}). "
+                "They show mechanisms under assumed links (toxiproxy on loopback, fake-gcs-server in memory) and are not "
+                "cloud numbers." + (f" The other {len(ep) - n_lab} rows come from "
+                                    f"{', '.join(r for r in regions if r not in lab_regions)}." if len(ep) > n_lab else ""))
         if not (set(ep["method"]) & {"drive", "folder"}):
             self.cannot.append("Google Drive, the post's main method: no Drive rows (Drive cannot run offline; run "
                                "lesson 01 in Colab)")
@@ -334,8 +335,10 @@ class Findings:
                 f"first read was {winners.index[0]} in {winners.iloc[0]}"
                 + (f" (then {', '.join(f'{m} {n}' for m, n in winners.iloc[1:].items())})." if len(winners) > 1 else "."))
         if local_wins:
-            say(f"- A local copy (dataferry's cache, gcsfuse's file cache, a copy on disk) re-read at "
-                f"{min(local_wins):.1f}x to {max(local_wins):.1f}x the speed of gcsfuse without a file cache, which "
+            span = (f"{min(local_wins):.1f}x" if f"{min(local_wins):.1f}" == f"{max(local_wins):.1f}" else
+                    f"{min(local_wins):.1f}x to {max(local_wins):.1f}x")
+            say(f"- A local copy (a cache or a copy on disk) re-read at {span} the speed of gcsfuse without a file "
+                "cache, which "
                 f"re-read about as slowly as it first read in {sum(gcsfuse_slow)} of {len(gcsfuse_slow)} settings"
                 + (": after epoch 1, keep a local copy." if min(local_wins) >= 2 and all(gcsfuse_slow) else "."))
         say(f"- {len(self.cannot)} question(s) these runs cannot answer are listed with the findings above." if self.cannot

@@ -307,6 +307,18 @@ class Course:
 
         return pooled_runs(self, extra, shipped, **options)
 
+    def files(self, n: int, size: int, **where: Any) -> Any:
+        """Files in a bucket to mount and measure: see :func:`dataferry.lessonfiles.lesson_files`."""
+        from dataferry.lessonfiles import lesson_files
+
+        return lesson_files(self, n, size, **where)
+
+    def large_files(self, n: int, mib: int, **where: Any) -> Any:
+        """Large files for gcsfuse's knobs: see :func:`dataferry.lessonfiles.large_files`."""
+        from dataferry.lessonfiles import large_files
+
+        return large_files(self, n, mib, **where)
+
     def on_finish(self, undo: Any) -> None:
         """Call ``undo()`` at :meth:`finish` (an unmount, a bucket to delete), before the results are zipped."""
         self._undo.append(undo)

@@ -110,12 +110,16 @@ def _probe_ip_lookup(url: str, timeout_s: float) -> Region | None:
     return None
 
 
+#: A cloud region's name: ``us-central1``, ``europe-west4``, ``northamerica-northeast2``.
+_CLOUD_REGION = re.compile(r"^[a-z]+-[a-z]+\d+$")
+
+
 def colocation(region: str, bucket_location: str) -> str:
     """Where a runtime in ``region`` stands to a bucket in ``bucket_location``: "same region", "inside the
     bucket's multi-region" (or dual-region), "another region", or "unknown" when either is not known."""
     here, there = region.strip().lower(), bucket_location.strip()
-    if not here or here == "unknown" or here.startswith("lab:") or not there or there.lower() == "unknown":
-        return "unknown"
+    if not _CLOUD_REGION.match(here) or not there or there.lower() == "unknown":
+        return "unknown"  # a lab profile, or a geo-IP place ("Iowa, US") rather than a cloud region, says nothing
     if here == there.lower():
         return "same region"
     members = MULTI_REGIONS.get(there.upper())
@@ -241,7 +245,8 @@ class Runtime:
             ("python", self.python),
             ("gcsfuse", self.gcsfuse or "not on PATH"),
             ("google_crc32c", self.crc32c_implementation or "not installed"),
-            ("page cache dropped", "globally (root)" if self.drop_caches_writable else "per file (posix_fadvise)"),
+            ("page cache can be dropped", "globally too (root)" if self.drop_caches_writable else
+             "per file only (posix_fadvise)"),
             ("versions", ", ".join(f"{n} {v or '(not installed)'}" for n, v in self.versions.items())),
         ]
 

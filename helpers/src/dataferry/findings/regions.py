@@ -102,9 +102,13 @@ def by_region(rows: Any, regions: list[str], *, lab: bool, repeats: int, relatio
         said.append(f"gcsfuse without a file cache re-read at {listed(fuse)} its first read"
                     + (": every read crossed the link again." if max(fuse.values()) < SAME else "."))
     staged = ratios(f_med, f_med, "dataferry", "api-parallel")
+    short = not first.empty and first["ns"].median() / 1e9 < SHORT_EPOCH_S
+    few = not first.empty and first.groupby(["region", "method"]).size().min() < MIN_REPEATS_TO_RANK
     if staged:
         head = f"dataferry's first read ran at {listed(staged)} transfer_manager's (api-parallel)"
-        if max(staged.values()) < AS_FAST:
+        if short or few:
+            said.append(head + ": epochs too short or too few to compare them.")
+        elif max(staged.values()) < AS_FAST:
             said.append(head + ": slower. The client checks each download's CRC32C either way; what the cache adds "
                         "is copies that survive a crash, one download per machine for every reader, a byte budget, "
                         "and a check on every later read.")

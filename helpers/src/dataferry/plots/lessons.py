@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from dataferry.cache.counters import CacheStats
 
-__all__ = ["cache_budget", "save_times", "warm_vs_cold"]
+__all__ = ["cache_budget", "gcsfuse_knobs", "save_times", "warm_vs_cold"]
 
 
 def cache_budget(usage: Sequence[int], budget: int, data_bytes: int, passes: Sequence[CacheStats],
@@ -98,3 +98,27 @@ def warm_vs_cold(reads: pd.DataFrame, title: str) -> Figure:
     ax.margins(y=0.15)
     fig.tight_layout()
     return fig
+
+
+def gcsfuse_knobs(runs: pd.DataFrame, title: str, lab: bool) -> Figure:
+    """Lesson 02: each knob's first reads and re-reads (left) and second listing (right), every repetition a dot."""
+    import matplotlib.pyplot as plt
+
+    from dataferry.plots.dots import finish, medians_and_dots
+
+    knobs = list(dict.fromkeys(runs["knob"]))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    plt.close(fig)
+    for kind, offset, colour in (("first read MB/s", -0.18, "tab:orange"), ("repeat MB/s", 0.18, "tab:green")):
+        medians_and_dots(ax1, runs, kind, by="knob", colours=dict.fromkeys(knobs, colour), offset=offset,
+                         width=0.28, label=kind.replace(" MB/s", ""), counts=False)
+    medians_and_dots(ax2, runs, "second listing ms", by="knob", colours=dict.fromkeys(knobs, "tab:purple"))
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(knobs)), knobs, rotation=12, ha="right", fontsize=8)
+    ax1.set_ylabel("MB/s (10^6 B/s), large files\n(lines: median; dots: each repetition)")
+    ax2.set_ylabel("second listing of the folder, ms")
+    ax1.legend(fontsize=8, loc="upper left")
+    ax1.set_title("reads, with gcsfuse's file cache", fontsize=10)
+    ax2.set_title("listing the folder again", fontsize=10)
+    fig.suptitle(title, fontsize=11)
+    return finish(fig, lab=lab)

@@ -61,8 +61,10 @@ def test_a_lesson_needing_the_lab_or_touching_colabs_packages_fails_by_name(tmp_
     assert proc.returncode == 1, proc.stdout[-4000:]
     assert "0 passed, 2 failed: 03_needs_lab, 00_pins_tqdm" in proc.stdout
     lab_problems, pip_problems = (r["problems"] for r in report["lessons"])
-    assert re.search(r"cell \d+ \('import base64'\): \w+: .*\bGo\b", lab_problems[0]), lab_problems
-    assert re.search(r"FAILED: cell \d+ \('import base64'\)", proc.stdout), "the output names the cell"
+    assert re.search(r"cell \d+ \('from dataferry.course import Course, show_table'\): \w+: .*\bGo\b",
+                     lab_problems[0]), lab_problems
+    assert re.search(r"FAILED: cell \d+ \('from dataferry.course import Course, show_table'\)", proc.stdout), \
+        "the output names the cell"
     assert any("pip changed preinstalled packages: {'tqdm': '4.67.3 -> 4.66.6'}" in p for p in pip_problems), pip_problems
     after = subprocess.run([str(ROOT / "build" / "colab" / "venv" / "bin" / "python"), "-m", "pip", "show", "tqdm"],
                            capture_output=True, text=True).stdout

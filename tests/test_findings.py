@@ -352,3 +352,73 @@ def test_knobs_parallel_downloads_listings_and_read_only_are_said(listing, kept)
     assert ("without it every listing went back to the bucket" in said.sentences[1]) is kept
     assert said.sentences[2] == ("A read-only mount of only 'knobs' showed just that folder, and the write was refused "
                                  "(Read-only file system): safety, not speed.")
+
+
+# -- lesson 03 ---------------------------------------------------------------------------------------
+
+def _client_rows(serial, parallel, downloads_ms=()):
+    import pandas as pd
+
+    rows = [{"phase": "epoch", "pass": 1, "method": m, "MBps": v, "error": "", "ns": 0}
+            for m, values in (("api-serial", serial), ("api-parallel", parallel)) for v in values]
+    rows += [{"phase": "download", "pass": 1, "method": "api-serial", "MBps": 0, "error": "", "ns": ms * 1e6}
+             for ms in downloads_ms]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("parallel, words", [
+    ([16, 17, 18, 19, 20], "faster: their waits overlap."),
+    ([10, 10.5, 11, 11.5, 12], "not clearly faster"),
+    ([8, 12, 16, 20, 30], "the interval straddles 1.5x"),
+])
+def test_parallel_downloads_are_judged_by_their_interval(parallel, words):
+    from dataferry.findings import client
+    from dataferry.lab.profiles import get_profile
+
+    rows = _client_rows([10] * 5, parallel, downloads_ms=[40, 40, 40])
+    said = client.serial_vs_parallel(rows, "lab:same-continent", 16, 256 * 2**10, get_profile("same-continent"), 5)
+    assert words in said.sentences[1]
+    assert said.sentences[2].startswith("Each one-by-one download took a median 40 ms; moving 256 KiB at the "
+                                        "profile's 50 MB/s takes 5 ms, so about 87% of it was waiting")
+    cloud = client.serial_vs_parallel(rows, "us-central1", 16, None, None, 5).sentences
+    assert not any(s.startswith("Each one-by-one") or s.startswith("Lab numbers") for s in cloud)
+
+
+def test_a_fastest_copy_is_named_only_when_intervals_part_and_the_clis_start_up_is_said():
+    import pandas as pd
+
+    from dataferry.findings import client
+
+    def rows(tm, stage):
+        return pd.DataFrame([{"way": w, "MBps": v, "seconds": s} for w, vs, s in
+                             (("transfer_manager (16 threads)", tm, 1.0), ("dataferry stage", stage, 1.0),
+                              ("gcloud storage cp", [1, 1, 1], 4.0)) for v in vs])
+
+    apart = client.copies(rows([30, 31, 32], [10, 11, 12]), 2.0, "x", 48, 12_000_000).sentences
+    assert apart[0] == ("First read of 48 files (12.0 MB): transfer_manager (16 threads) 31.0 MB/s, dataferry stage "
+                        "11.0 MB/s, gcloud storage cp 1.0 MB/s (medians).")
+    assert apart[1].endswith("transfer_manager (16 threads) was the fastest.")
+    assert "at this size its MB/s measures mostly the CLI starting" in apart[2] and "50% of its 4.00 s" in apart[2]
+    overlap = client.copies(rows([10, 20, 30], [12, 18, 25]), 1.9, "x", 48, 12_000_000).sentences
+    assert "their intervals overlap" in overlap[1]
+    assert "the transfer, not the start-up, took most of its time" in overlap[2]
+
+
+@pytest.mark.parametrize("served, beyond", [({200: 15, 206: 4}, "6 re-sent by aiohttp itself"),
+                                            ({200: 9, 206: 3}, "1 retries whose connection was reset before"),
+                                            ({200: 9, 206: 4}, "nothing else.")])
+def test_every_media_request_under_faults_is_accounted_for(served, beyond):
+    from types import SimpleNamespace
+
+    from dataferry.findings import client
+
+    run = SimpleNamespace(objects=6, served=served, requests=sum(served.values()), wrong=0,
+                          report=SimpleNamespace(fetched=6, failures=[]), stats=SimpleNamespace(retries=7),
+                          verified=SimpleNamespace(ok=True, checked=6, bad=[]))
+    said = client.faults(run, 0.5, 128 * 1024, "lab:same-continent").sentences
+    assert said[0].startswith("With 50% of connections reset at once and 50% cut off after 128 KiB")
+    assert f"answered {run.requests} media requests for 6 objects" in said[1] and beyond in said[1]
+    assert said[2].startswith("Every cached object equals the stored bytes")
+    run.stats.retries, run.wrong = 0, 1
+    said = client.faults(run, 0.5, 128 * 1024, "lab:x").sentences
+    assert said[2].startswith("Not all is well: 1 objects differ") and said[3].startswith("No fault hit this run")

@@ -102,30 +102,31 @@ def _installed_gcsfuse() -> str:
 
 
 def lesson_files(course: Course, n: int, size: int, *, seed: int = 0, bucket: str = "", prefix: str = "",
-                 profile: str = "cross-continent") -> LessonFiles:
+                 project: str = "", profile: str = "cross-continent", gcsfuse: bool = True) -> LessonFiles:
     """``n`` files: in the lab of ``size`` random bytes in the bucket ``l<NN>-data``, read under ``profile``;
-    elsewhere drawn at random (``seed``) from the public flowers or your ``bucket``/``prefix``."""
+    elsewhere drawn at random (``seed``) from the public flowers or your ``bucket``/``prefix`` (in ``project``).
+    ``gcsfuse``: the lesson mounts them (in Colab gcsfuse is installed first)."""
     if course.where == "lab":
         from dataferry.lab import Lab
         from dataferry.lab.methodsbench import lab_target
 
         lab = Lab().up()
-        version = _lab_gcsfuse(lab)
+        version = _lab_gcsfuse(lab) if gcsfuse else "not used"
         name = f"l{course.lesson[:2]}-data"
         target = lab_target(lab, name, n_files=n, file_bytes=size, seed=seed)
         names = [target.prefix + n for n in target.names]
         return LessonFiles(name, names, lab.client(), f"lab:{profile}", f"{n} files of {size / 2**20:g} MiB in "
-                           f"gs://{name}, read under the lab's {profile!r} profile (lab numbers, not cloud numbers); "
-                           f"gcsfuse {version}", version, lab, profile, target=target)
-    version = _installed_gcsfuse()
-    cloud = course.cloud_data(bucket, prefix)
+                           f"gs://{name}, read under the lab's {profile!r} profile (lab numbers, not cloud numbers)"
+                           + (f"; gcsfuse {version}" if gcsfuse else ""), version, lab, profile, target=target)
+    version = _installed_gcsfuse() if gcsfuse else "not used"
+    cloud = course.cloud_data(bucket, prefix, project)
     listed = [b.name for b in cloud.client.list_blobs(cloud.bucket, prefix=cloud.prefix or None)
               if not b.name.endswith("/") and b.name.endswith(cloud.suffix)]
     names = sorted(random.Random(seed).sample(listed, min(n, len(listed))))
     region = course.region().region
     return LessonFiles(cloud.bucket, names, cloud.client, region, f"{len(names)} files drawn from the {len(listed)} of "
-                       f"{cloud.uri} (bucket location {cloud.location}, {cloud.location_source}); gcsfuse {version}",
-                       version, anonymous=cloud.anonymous, cloud=cloud)
+                       f"{cloud.uri} (bucket location {cloud.location}, {cloud.location_source})"
+                       + (f"; gcsfuse {version}" if gcsfuse else ""), version, anonymous=cloud.anonymous, cloud=cloud)
 
 
 def large_files(course: Course, n: int, mib: int, *, seed: int = 0, profile: str = "cross-continent") -> LessonFiles:

@@ -13,13 +13,38 @@ of its module, and the tests check the wording on both sides of each.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["Conclusion", "mb"]
+__all__ = ["MIN_REPEATS", "Conclusion", "interval", "judged", "mb"]
+
+#: Fewer repetitions than this give no interval worth judging.
+MIN_REPEATS = 3
 
 
 def mb(n: float) -> str:
     """Bytes as megabytes, to two decimals below 10 MB and one above."""
     return f"{n / 1e6:.2f} MB" if n < 10e6 else f"{n / 1e6:.1f} MB"
+
+
+def interval(a: Any, b: Any, seed: int = 0) -> tuple[float, float, float]:
+    """The ratio of ``a``'s median to ``b``'s, with its 95% bootstrap interval (:func:`dataferry.stats.speedup`)."""
+    from dataferry.stats import speedup
+
+    return speedup(a.to_numpy(float), b.to_numpy(float), seed=seed)
+
+
+def judged(r: float, lo: float, hi: float, at: float, above: str, below: str, of: str = "", n: int = 5) -> str:
+    """A ratio and its interval said against the threshold ``at``: ``above`` when the whole interval is above
+    it, ``below`` when it is all below, and that this run cannot tell when it straddles it or rests on fewer
+    than :data:`MIN_REPEATS` repetitions (``n``)."""
+    if n < MIN_REPEATS:
+        return f"{r:.2f}x{of} (from {n} repetition(s): no interval, so this run cannot tell)."
+    ci = f"{r:.2f}x{of} [95% CI {lo:.2f}, {hi:.2f}]"
+    if lo > at:
+        return f"{ci}: {above}"
+    if hi < at:
+        return f"{ci}: {below}"
+    return f"{ci}: the interval straddles {at:g}x, so this run cannot tell (raise REPEATS)."
 
 
 @dataclass

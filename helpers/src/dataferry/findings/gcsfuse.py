@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from dataferry.findings import Conclusion
+from dataferry.findings import interval as _interval
+from dataferry.findings import judged as _judged
 
-__all__ = ["FASTER", "MIN_REPEATS", "COSTS_LITTLE", "GAIN", "LISTING", "RAM", "POST_GCSFUSE", "cache_and_width", "without_eviction",
+__all__ = ["FASTER", "COSTS_LITTLE", "GAIN", "LISTING", "RAM", "POST_GCSFUSE", "cache_and_width", "without_eviction",
            "knobs"]
 
 #: A re-read whose whole interval is this much faster than the first read "re-read faster".
@@ -20,27 +22,8 @@ GAIN = 1.2
 LISTING = 3.0
 #: A second read this many times the first came from RAM.
 RAM = 3.0
-#: Fewer repetitions than this give no interval worth judging.
-MIN_REPEATS = 3
 #: The gcsfuse version the 2020 post ran.
 POST_GCSFUSE = "0.30.0"
-
-
-def _interval(a: Any, b: Any, seed: int = 0) -> tuple[float, float, float]:
-    from dataferry.stats import speedup
-
-    return speedup(a.to_numpy(float), b.to_numpy(float), seed=seed)
-
-
-def _judged(r: float, lo: float, hi: float, at: float, above: str, below: str, of: str = "", n: int = 5) -> str:
-    if n < MIN_REPEATS:
-        return f"{r:.2f}x{of} (from {n} repetition(s): no interval, so this run cannot tell)."
-    ci = f"{r:.2f}x{of} [95% CI {lo:.2f}, {hi:.2f}]"
-    if lo > at:
-        return f"{ci}: {above}"
-    if hi < at:
-        return f"{ci}: {below}"
-    return f"{ci}: the interval straddles {at:g}x, so this run cannot tell (raise REPEATS)."
 
 
 def _epochs(rows: Any, method: str, pass_no: int) -> Any:

@@ -88,6 +88,12 @@ class LessonFiles:
         return self.about
 
 
+def _region_label(course: Course) -> str:
+    """``region <name>``, or that it was not found: what a cloud figure of this run is labelled."""
+    region = course.region().region
+    return f"region {region}" if region != "unknown" else "region not found"
+
+
 def _lab_gcsfuse(lab: Any) -> str:
     gcsfuse = lab.status()["gcsfuse"]
     if not gcsfuse["available"]:
@@ -123,8 +129,7 @@ def lesson_files(course: Course, n: int, size: int, *, seed: int = 0, bucket: st
     listed = [b.name for b in cloud.client.list_blobs(cloud.bucket, prefix=cloud.prefix or None)
               if not b.name.endswith("/") and b.name.endswith(cloud.suffix)]
     names = sorted(random.Random(seed).sample(listed, min(n, len(listed))))
-    region = course.region().region
-    return LessonFiles(cloud.bucket, names, cloud.client, region, f"{len(names)} files drawn from the {len(listed)} of "
+    return LessonFiles(cloud.bucket, names, cloud.client, _region_label(course), f"{len(names)} files drawn from the {len(listed)} of "
                        f"{cloud.uri} (bucket location {cloud.location}, {cloud.location_source})"
                        + (f"; gcsfuse {version}" if gcsfuse else ""), version, anonymous=cloud.anonymous, cloud=cloud)
 
@@ -150,6 +155,6 @@ def large_files(course: Course, n: int, mib: int, *, seed: int = 0, profile: str
     bands = {b.name: b.size for b in large.client.list_blobs(large.bucket, prefix=large.prefix)
              if b.name.endswith(large.suffix)}
     names = sorted(bands, key=lambda b: bands[b])[-n - 1:-1]  # large, but not the largest band
-    return LessonFiles(large.bucket, names, large.client, f"{course.region().region}, Landsat bands",
+    return LessonFiles(large.bucket, names, large.client, f"{_region_label(course)}, Landsat bands",
                        f"{len(names)} Landsat bands of {large.uri}, {sum(bands[b] for b in names) / len(names) / 2**20:.0f} "
                        "MiB each on average", version, cloud=large)

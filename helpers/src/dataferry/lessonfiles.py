@@ -102,9 +102,14 @@ def _lab_gcsfuse(lab: Any) -> str:
 
 
 def _installed_gcsfuse() -> str:
+    """The version of the gcsfuse Google's apt package installs (in Colab), from ``gcsfuse --version``."""
+    import re
+
     from dataferry.mounts import install_gcsfuse
 
-    return str(install_gcsfuse())  # Google's apt package, in Colab
+    said = str(install_gcsfuse())
+    found = re.search(r"version (\S+)", said)
+    return found.group(1) if found else said
 
 
 def lesson_files(course: Course, n: int, size: int, *, seed: int = 0, bucket: str = "", prefix: str = "",

@@ -236,6 +236,7 @@ def plot_shard_epochs(runs: dict[str, list[dict[str, Any]]], budget: int, data_b
     fig.legend([*bars, whole, limit], [*runs, "whole data set", "budget"], loc="outside lower center",
                ncol=len(runs) + 2, fontsize=8)
     fig.suptitle(f"{data_bytes / 1e6:.0f} MB through a {budget / 1e6:.0f} MB cache, {where}", fontsize=10)
+    plt.close(fig)  # returned, not shown by pyplot: a notebook shows it once, as a cell's value
     return fig
 
 

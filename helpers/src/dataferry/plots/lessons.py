@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from dataferry.cache.counters import CacheStats
 
-__all__ = ["cache_budget", "gcsfuse_knobs", "save_times", "warm_vs_cold"]
+__all__ = ["cache_budget", "gcsfuse_knobs", "save_times", "shards_disk_and_network", "warm_vs_cold"]
 
 
 def cache_budget(usage: Sequence[int], budget: int, data_bytes: int, passes: Sequence[CacheStats],
@@ -122,3 +122,24 @@ def gcsfuse_knobs(runs: pd.DataFrame, title: str, lab: bool) -> Figure:
     ax2.set_title("listing the folder again", fontsize=10)
     fig.suptitle(title, fontsize=11)
     return finish(fig, lab=lab)
+
+
+def shards_disk_and_network(epochs: pd.DataFrame, disk: pd.DataFrame, budget: int, shard_bytes: int,
+                            title: str) -> Figure:
+    """Lesson 09: the cache's bytes on disk against the budget (left), and the megabytes each epoch fetched."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    plt.close(fig)
+    ax1.plot(disk["seconds"], disk["bytes"] / 1e6, lw=1, label="cache bytes (its index; fills counted)")
+    ax1.axhline(budget / 1e6, color="tab:red", ls="--", label="budget")
+    for t in epochs["ends at (s)"][:-1]:
+        ax1.axvline(t, color="grey", lw=0.6)
+    ax1.set(xlabel="seconds", ylabel="MB", title=f"disk use, {len(disk)} readings")
+    ax1.legend(loc="lower right")
+    ax2.bar(epochs["epoch"], epochs["fetched MB"], color="tab:blue", alpha=0.8)
+    ax2.axhline(shard_bytes / 1e6, color="black", ls=":", label="whole data set")
+    ax2.set(xlabel="epoch", ylabel="MB fetched from the source", title="network per epoch", xticks=epochs["epoch"])
+    ax2.legend(loc="lower right")
+    fig.suptitle(title)
+    return fig

@@ -1,0 +1,72 @@
+"""Lesson 09's findings: shards streamed through a cache smaller than them, a resumed epoch, and the
+side-by-side with files through the cache and webdataset's own cache."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from dataferry.findings import MIN_REPEATS, Conclusion, mb
+
+__all__ = ["streaming", "readers"]
+
+
+def streaming(where: str, epochs: Any, peak: int, budget: int, shard_bytes: int, shards: int,
+              resumed: list[str], uninterrupted: list[str], keys: list[str], disconnect_at: int) -> Conclusion:
+    """``epochs``: :func:`dataferry.lessonshards.stream_epochs`'s table; ``resumed``: the keys read before a
+    disconnect and after the restart, in order; ``uninterrupted``: the same epoch's keys without one."""
+    said = [f"The cache stayed {'within' if peak <= budget else 'OVER'} its budget: {mb(peak)} at most of {mb(budget)}, "
+            f"for {mb(shard_bytes)} of shards ({shard_bytes / budget:.1f}x the budget)."]
+    fetched = epochs["shards fetched"].astype(int).tolist()
+    said.append(f"Epoch 1 downloaded {fetched[0]} of {shards} shards"
+                + (f"; later epochs {min(fetched[1:])}" + (f"-{max(fetched[1:])}" if min(fetched[1:]) != max(fetched[1:])
+                                                           else "") + " each: the shards kept from the epoch before "
+                   "were read from disk, the rest downloaded again." if len(fetched) > 1 else "."))
+    once = sorted(resumed) == sorted(keys)
+    said.append(f"After a disconnect at batch {disconnect_at}, the resumed epoch read "
+                + ("every sample exactly once, in the order of an uninterrupted epoch." if once and resumed == uninterrupted
+                   else "every sample exactly once, in another order." if once else "NOT every sample exactly once."))
+    return Conclusion(where, said)
+
+
+def _per_run_later(runs: list[dict[str, Any]]) -> list[float]:
+    """One value per run, its later epochs' median samples/s: epochs of one run share a process and a cache."""
+    return [statistics.median(e["samples"] / e["seconds"] for e in runs if e["epoch"] > 1 and e["repeat"] == r)
+            for r in sorted({e["repeat"] for e in runs if e["epoch"] > 1})]
+
+
+def readers(where: str, summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], repeats: int,
+            cleanup_s: float | None) -> Conclusion:
+    """``summary``/``runs``: :func:`dataferry.lessonshards.compare_readers`'s; ``cleanup_s``: webdataset's
+    ``FileCache`` clean-up interval (None without webdataset)."""
+    from dataferry.stats import speedup
+
+    said = ["Epoch 1, samples/s (median over the runs): "
+            + ", ".join(f"{m} {s['first_samples_per_s']:,.0f}" for m, s in summary.items()) + "."]
+    later = {m: s["later_samples_per_s"] for m, s in summary.items() if s["later_samples_per_s"]}
+    if len(later) > 1:
+        ranked = sorted(later, key=lambda m: later[m], reverse=True)
+        head = "Later epochs, samples/s: " + ", ".join(f"{m} {later[m]:,.0f}" for m in ranked)
+        per_run = {m: _per_run_later(runs[m]) for m in ranked[:2]}
+        if min(map(len, per_run.values())) < MIN_REPEATS:
+            said.append(head + f"; {ranked[0]} against {ranked[1]}: too few runs for an interval.")
+        else:
+            lead, low, high = speedup(per_run[ranked[0]], per_run[ranked[1]])
+            said.append(head + f"; {ranked[0]} led {ranked[1]} by {lead:.2f}x [95% CI {low:.2f}, {high:.2f}]"
+                        + ("." if low > 1 else ": an interval that takes in 1, so not told apart here."))
+        said.append("Served by the bucket per later epoch (median): "
+                    + ", ".join(f"{m} {summary[m]['later_served_MB']:.1f} MB" for m in ranked) + ".")
+    said.append("Most cached data on disk, over the budget: "
+                + ", ".join(f"{m} {s['peak_disk_vs_budget']:.2f}x" for m, s in summary.items()) + ".")
+    if "webdataset-cache" in runs and cleanup_s is not None:
+        longest = max(e["seconds"] for e in runs["webdataset-cache"])
+        if longest < cleanup_s:
+            said.append(f"webdataset's cache cleans up every {cleanup_s:g} s (FileCache's default) and its epochs "
+                        f"lasted {longest:.1f} s at most: it never cleaned up during them, so its disk use is its cache "
+                        "growing unchecked, not a budget it kept.")
+        else:
+            said.append(f"webdataset's epochs lasted up to {longest:.1f} s, past its {cleanup_s:g} s clean-up interval: "
+                        "its budget was applied between clean-ups.")
+    if repeats < 5:
+        said.append(f"Only {repeats} run(s) of each: these medians say little (the course's rule is at least 5).")
+    return Conclusion(where, said)

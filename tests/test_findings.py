@@ -477,3 +477,56 @@ def test_a_later_epoch_leader_is_named_only_from_three_runs_and_an_interval_abov
 
     runs, summary = _reader_runs(wds_seconds, repeats)
     assert words in shards.readers("lab:x", summary, runs, repeats, 30.0).sentences[1]
+
+
+# -- lesson 06 ---------------------------------------------------------------------------------------
+
+def test_the_two_point_fit_gives_latency_and_bandwidth_or_bounds():
+    from dataferry.findings.layouts import fit
+
+    latency, bandwidth, fitted = fit(16_384, 0.030 + 16_384 / 50e6, 1_048_576, 0.030 + 1_048_576 / 50e6)
+    assert fitted and latency == pytest.approx(0.030) and bandwidth == pytest.approx(50e6)
+    assert fit(16_384, 0.05, 1_048_576, 0.04) == (0.05, 1_048_576 / 0.04, False), "a large object faster: bounds"
+
+
+def _layout_rows(serial_files, parallel_files, serial_shards, parallel_shards):
+    import pandas as pd
+
+    rows = []
+    for how, seconds, requests in (("files, one by one", serial_files, 200), ("files, 32 at a time", parallel_files, 200),
+                                   ("shards, one by one", serial_shards, 4), ("shards in parallel", parallel_shards, 4)):
+        rows += [{"how": how, "kind": "read", "seconds": seconds, "requests": requests,
+                  "MBps": 3.2 / seconds} for _ in range(5)]
+    rows += [{"how": f"list {w}", "kind": "list", "seconds": 0.03, "requests": 1, "MBps": 0} for w in ("files", "shards")]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("serial_shards, faster", [(1.0 / 1.2, True), (1.0 / 1.19, False)])
+def test_shards_are_said_faster_from_one_and_two_tenths(serial_shards, faster):
+    from dataferry.findings import layouts
+
+    said = layouts.layouts(_layout_rows(1.0, 0.5, serial_shards, 0.2), "lab:x", files=200, large=4, s_file=16_384,
+                           s_large=800_000, shards=True, parallel=32, profile=None, repeats=5).sentences
+    line = next(s for s in said if s.startswith("Every sample one request after another"))
+    assert ("shards were 1.2x faster" in line) is faster and ("only" in line) is not faster
+
+
+@pytest.mark.parametrize("parallel_files, hides", [(1.0 / 1.5, True), (1.0 / 1.49, False)])
+def test_requests_in_flight_hide_latency_from_one_and_a_half(parallel_files, hides):
+    from dataferry.findings import layouts
+
+    said = layouts.layouts(_layout_rows(1.0, parallel_files, 0.5, 0.2), "x", files=200, large=4, s_file=16_384,
+                           s_large=800_000, shards=True, parallel=32, profile=None, repeats=5).sentences
+    line = next(s for s in said if s.startswith("32 requests in flight"))
+    assert ("parallelism hides latency" in line) is hides
+
+
+@pytest.mark.parametrize("parallel_shards, combine", [(0.5 / 1.11, True), (0.5 / 1.09, False)])
+def test_the_two_fixes_combine_only_above_the_better_one_by_a_tenth(parallel_shards, combine):
+    from dataferry.findings import layouts
+
+    said = layouts.layouts(_layout_rows(1.0, 0.5, 0.6, parallel_shards), "x", files=200, large=4, s_file=16_384,
+                           s_large=800_000, shards=True, parallel=32, profile=None, repeats=3).sentences
+    line = next(s for s in said if s.startswith("Against files one by one"))
+    assert ("the two fixes combine" in line) is combine
+    assert said[-1].startswith("Only 3 repetition(s)")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from dataferry.cache.counters import CacheStats
 
-__all__ = ["cache_budget", "gcsfuse_knobs", "save_times", "shards_disk_and_network", "warm_vs_cold"]
+__all__ = ["cache_budget", "gcsfuse_knobs", "layouts", "save_times", "shards_disk_and_network", "warm_vs_cold"]
 
 
 def cache_budget(usage: Sequence[int], budget: int, data_bytes: int, passes: Sequence[CacheStats],
@@ -143,3 +143,33 @@ def shards_disk_and_network(epochs: pd.DataFrame, disk: pd.DataFrame, budget: in
     ax2.legend(loc="lower right")
     fig.suptitle(title)
     return fig
+
+
+def layouts(rows: pd.DataFrame, title: str, lab: bool) -> Figure:
+    """Lesson 06: each way of reading's MB/s (lines: median; dots: each repeat) and the requests it took."""
+    import matplotlib.pyplot as plt
+
+    from dataferry.plots.dots import finish, medians_and_dots
+    from dataferry.plots.figures import log_axis
+
+    reads = rows[rows["kind"] == "read"]
+    order = list(dict.fromkeys(reads["how"]))
+    colours = {how: ("tab:orange" if how.startswith("files") else "tab:blue") for how in order}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+    plt.close(fig)
+    medians_and_dots(ax1, reads, "MBps", by="how", order=order, colours=colours)
+    for i, how in enumerate(order):
+        req = reads[reads["how"] == how]["requests"].median()
+        ax2.scatter([i], [req], color=colours[how], edgecolors="black", s=40, zorder=3)
+        ax2.annotate(f"{req:.0f}", (i, req), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8)
+    for ax, label in ((ax1, "MB/s (10^6 B/s) of sample bytes, log scale\nlines: median; dots: each repeat"),
+                      (ax2, "requests to read every sample once, log scale")):
+        ax.set_xticks(range(len(order)), order, rotation=20, ha="right")
+        ax.set_ylabel(label)
+    ax2.set_yscale("log")
+    ax2.set_ylim(0.5, ax2.get_ylim()[1] * 2)
+    log_axis(ax2)
+    ax1.set_title("throughput", fontsize=10)
+    ax2.set_title("requests", fontsize=10)
+    fig.suptitle(title, fontsize=11)
+    return finish(fig, lab=lab)

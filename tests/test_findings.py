@@ -530,3 +530,76 @@ def test_the_two_fixes_combine_only_above_the_better_one_by_a_tenth(parallel_sha
     line = next(s for s in said if s.startswith("Against files one by one"))
     assert ("the two fixes combine" in line) is combine
     assert said[-1].startswith("Only 3 repetition(s)")
+
+
+# -- lesson 04 ---------------------------------------------------------------------------------------
+
+def _training_rows(e1_stage=1.0, e1_cache=1.0, later=(0.5, 0.5), first_batch=(0.5, 0.5), accuracy=0.6,
+                   downloads=5):
+    import pandas as pd
+
+    rows = []
+    for mode, e1, lat, fb in (("stage, then train", e1_stage, later[0], first_batch[0]),
+                              ("cache on first read", e1_cache, later[1], first_batch[1])):
+        rows.append({"mode": mode, "repeat": 0, "epoch": 1, "seconds": e1, "stage_s": 0.3 if mode.startswith("stage")
+                     else 0.0, "first_batch_s": fb, "waiting_s": 0.2, "computing_s": 0.2, "samples": 5,
+                     "downloads": downloads, "accuracy": None})
+        rows.append({"mode": mode, "repeat": 0, "epoch": 2, "seconds": lat, "stage_s": 0.0, "first_batch_s": 0.01,
+                     "waiting_s": 0.1, "computing_s": 0.2, "samples": 5, "downloads": downloads, "accuracy": accuracy})
+    return pd.DataFrame(rows)
+
+
+def _training(rows, **changes):
+    from dataferry.findings import staging
+
+    args = dict(prep_ms=2.0, workers=2, cpus=2, images=5, held_out=10, in_flight=256, repeats=5, where="lab:far")
+    args.update(changes)
+    return staging.training(rows, **args).sentences
+
+
+@pytest.mark.parametrize("e1, paid", [(1.0, True), (0.99, False)])
+def test_epoch_one_paid_the_downloads_from_twice_a_later_epoch(e1, paid):
+    said = _training(_training_rows(e1_stage=e1, e1_cache=e1))
+    assert ("it alone paid the downloads" in said[0]) is paid
+    assert ("the downloads were a small part of it at this size" in said[0]) is not paid
+
+
+@pytest.mark.parametrize("later, same", [((0.5, 0.62), True), ((0.5, 0.63), False)])
+def test_later_epochs_of_both_modes_are_alike_within_a_quarter(later, same):
+    assert ("(within 25%)" in _training(_training_rows(later=later))[2]) is same
+
+
+@pytest.mark.parametrize("first_batch, words", [((0.5, 0.45), "caching on first read started training sooner"),
+                                                ((0.45, 0.5), "staging first brought the first batch sooner"),
+                                                ((0.5, 0.48), "within 10% of each other")])
+def test_the_first_batch_is_said_sooner_only_beyond_a_tenth(first_batch, words):
+    assert words in _training(_training_rows(first_batch=first_batch))[4]
+
+
+@pytest.mark.parametrize("accuracy, words", [(0.5, "it learnt"), (0.49, "better than a guess"), (0.29, "no better")])
+def test_accuracy_is_said_against_chance(accuracy, words):
+    assert words in _training(_training_rows(accuracy=accuracy))[-1]
+
+
+@pytest.mark.parametrize("prep_ms, words", [(200.0, "the workers, not the disk, set the pace"),
+                                            (2.0, "waiting comes from sharing the CPUs")])
+def test_the_workers_supply_is_set_against_the_models_need(prep_ms, words):
+    assert any(words in s for s in _training(_training_rows(), prep_ms=prep_ms))
+
+
+def test_downloads_once_per_sample_and_the_cache_re_read_against_a_plain_copy_read_as_wide():
+    import pandas as pd
+
+    from dataferry.findings import staging
+
+    assert any("downloaded once per run" in s for s in _training(_training_rows(downloads=5)))
+    assert any("more than once for some objects" in s for s in _training(_training_rows(downloads=6)))
+    rows = pd.DataFrame([{"phase": "epoch", "error": "", "pass": p, "method": m, "MBps": v}
+                         for m, first, again in (("dataferry", 8, 80), ("api-serial", 2, 300), ("api-parallel", 6, 100))
+                         for p, v in ((1, first), (2, again))])
+    said = staging.copies(rows, 32, 3.0, "lab:far").sentences
+    assert said[0].endswith("staging in parallel was 4.0x faster; one by one pays a round trip per file.")
+    assert "a plain copy 100 MB/s (0.80x): reading through the cache cost little." in said[1]
+    assert said[2].endswith("the limit was the training loop (workers, decoding, the model), not the disk.")
+    rows.loc[(rows["method"] == "dataferry") & (rows["pass"] == 2), "MBps"] = 79
+    assert "the cache's checks and index cost something here" in staging.copies(rows, 32, None, "x").sentences[1]

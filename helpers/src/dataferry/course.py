@@ -276,11 +276,12 @@ class Course:
             return CloudData(client, bucket, prefix, "", location, how, False)
         raise ValueError("the lab makes its own data: lab_target() or lab.make_dataset()")
 
-    def images(self, n: int, *, seed: int = 0, bucket: str = "", prefix: str = "", profile: str = "colocated") -> Any:
+    def images(self, n: int, *, seed: int = 0, bucket: str = "", prefix: str = "", profile: str = "colocated",
+               held_out: int = 0) -> Any:
         """This lesson's ``n`` flower images, wherever it runs: see :func:`dataferry.lessondata.images`."""
         from dataferry.lessondata import images
 
-        return images(self, n, seed=seed, bucket=bucket, prefix=prefix, profile=profile)
+        return images(self, n, seed=seed, bucket=bucket, prefix=prefix, profile=profile, held_out=held_out)
 
     def checkpoint_places(self, drive_folder: str = "", bucket: str = "", prefix: str = "",
                           profile: str = "same-continent") -> Any:

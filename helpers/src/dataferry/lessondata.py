@@ -57,6 +57,20 @@ class LessonData:
     about: str
     lab: Any = field(default=None, repr=False)
     profile: str | None = None
+    test_source: Any = None
+    test_names: set[str] | None = None
+
+    def is_train(self, name: str) -> bool:
+        """Whether ``name`` (relative to ``source``) is one of the images to train on."""
+        return name in self._train
+
+    def is_test(self, name: str) -> bool:
+        """Whether ``name`` (relative to ``test_source``) is a held-out image to score on."""
+        return self.test_names is None or name in self.test_names
+
+    @property
+    def _train(self) -> set[str]:
+        return {e.name for e in self.entries}
 
     @property
     def bytes(self) -> int:
@@ -95,8 +109,9 @@ def _lab_bucket(lab: Any, name: str) -> Any:
 
 
 def images(course: Course, n: int, *, seed: int = 0, bucket: str = "", prefix: str = "",
-           profile: str = "colocated") -> LessonData:
-    """``n`` flower images of five classes (``<class>/<file>.jpg``) for ``course``'s lesson, wherever it runs.
+           profile: str = "colocated", held_out: int = 0) -> LessonData:
+    """``n`` flower images of five classes (``<class>/<file>.jpg``) for ``course``'s lesson, wherever it runs,
+    and ``held_out`` others to score a model on (``test_source``, ``is_test``).
 
     The lab draws ``n // 5`` per class into the bucket ``l<NN>-data`` and reads it under ``profile``;
     ``public`` and ``mine`` draw ``n`` of the bucket's images at random (``seed``) and read them as they are."""
@@ -110,19 +125,25 @@ def images(course: Course, n: int, *, seed: int = 0, bucket: str = "", prefix: s
 
         lab = Lab().up()
         name = f"l{course.lesson[:2]}-data"
-        flowers = plan_flowers(max(1, n // 5), seed=seed, prefix="train/").upload(_lab_bucket(lab, name))
+        lab_bucket = _lab_bucket(lab, name)
+        flowers = plan_flowers(max(1, n // 5), seed=seed, prefix="train/").upload(lab_bucket)
+        if held_out:
+            plan_flowers(max(1, held_out // 5), seed=seed + 1, prefix="test/").upload(lab_bucket)
         source = GCSSource(name, "train/", client=lab.client())
         entries = sorted(source.list(), key=lambda e: e.name)
+        test = GCSSource(name, "test/", client=lab.client()) if held_out else None
         return LessonData(source, entries, f"lab:{profile}", f"{flowers} in {source.uri}, read under the lab's "
-                          f"{profile!r} profile (lab numbers, not cloud numbers)", lab, profile)
+                          f"{profile!r} profile (lab numbers, not cloud numbers)", lab, profile, test)
     cloud = course.cloud_data(bucket, prefix)
     source = GCSSource(cloud.bucket, cloud.prefix, client=cloud.client)
     listed = [e for e in source.list() if "/" in e.name and e.name.lower().endswith(IMAGE_SUFFIXES)]
     if not listed:
         raise ValueError(f"{source.uri} holds no <class>/<image> objects: set PREFIX to the folder of your classes")
-    entries = sorted(random.Random(seed).sample(listed, min(n, len(listed))), key=lambda e: e.name)
+    drawn = random.Random(seed).sample(listed, min(n + held_out, len(listed)))
+    entries = sorted(drawn[:n], key=lambda e: e.name)
     return LessonData(source, entries, source.uri, f"{len(entries)} images drawn from the {len(listed)} of "
-                      f"{source.uri} (bucket location {cloud.location}, {cloud.location_source})")
+                      f"{source.uri} (bucket location {cloud.location}, {cloud.location_source})", None, None,
+                      source if held_out else None, {e.name for e in drawn[n:]} if held_out else None)
 
 
 @dataclass

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from dataferry.cache.counters import CacheStats
 
-__all__ = ["cache_budget", "gcsfuse_knobs", "layouts", "save_times", "shards_disk_and_network", "warm_vs_cold"]
+__all__ = ["cache_budget", "epoch_times", "gcsfuse_knobs", "layouts", "save_times", "shards_disk_and_network", "warm_vs_cold"]
 
 
 def cache_budget(usage: Sequence[int], budget: int, data_bytes: int, passes: Sequence[CacheStats],
@@ -172,4 +172,34 @@ def layouts(rows: pd.DataFrame, title: str, lab: bool) -> Figure:
     ax1.set_title("throughput", fontsize=10)
     ax2.set_title("requests", fontsize=10)
     fig.suptitle(title, fontsize=11)
+    return finish(fig, lab=lab)
+
+
+def epoch_times(epochs: pd.DataFrame, title: str, lab: bool) -> Figure:
+    """Lesson 04: seconds per epoch for each mode (lines: medians; dots: each run), on a log axis."""
+    import matplotlib.pyplot as plt
+
+    from dataferry.plots.dots import finish, medians_and_dots
+    from dataferry.plots.figures import log_axis
+
+    modes = list(dict.fromkeys(epochs["mode"]))
+    numbers = sorted(epochs["epoch"].unique())
+    colours = dict(zip(modes, ["tab:blue", "tab:orange"]))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    plt.close(fig)
+    width = 0.38
+    for i, mode in enumerate(modes):  # a log axis has no zero for a bar to start from: medians are lines
+        g = epochs[epochs["mode"] == mode]
+        medians_and_dots(ax, g, "seconds", by="epoch", order=numbers, offset=(i - 0.5) * width, width=width * 0.8,
+                         colours=dict.fromkeys(numbers, colours[mode]), label=f"{mode} (median)", counts=False)
+        if g["stage_s"].max() > 0:
+            ax.annotate(f"incl. staging\n{g[g['epoch'] == 1]['stage_s'].median():.2f} s",
+                        ((i - 0.5) * width, g[g["epoch"] == 1]["seconds"].max()), xytext=(0, 5),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.5)
+    log_axis(ax)
+    ax.set_xlabel("epoch (1 = empty cache; later: local disk, page cache dropped)")
+    ax.set_ylabel("seconds per epoch, log scale\n(lines: median; dots: each run)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return finish(fig, lab=lab)

@@ -27,14 +27,20 @@ if TYPE_CHECKING:
     from dataferry.course import Course
     from dataferry.sources import Entry, GCSSource
 
-__all__ = ["IMAGE_SUFFIXES", "BENCHMARK", "LessonData", "CheckpointPlaces", "LocalFiles", "MethodsRun", "Pooled",
+__all__ = ["IMAGE_SUFFIXES", "BENCHMARK", "crossing", "region_label", "LessonData", "CheckpointPlaces", "LocalFiles", "MethodsRun", "Pooled",
            "images", "checkpoint_places", "local_files", "methods_run", "pooled_runs"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
+def region_label(course: Course) -> str:
+    """``region <name>``, or that it was not found: what a cloud figure of this run is labelled."""
+    region = course.region().region
+    return f"region {region}" if region != "unknown" else "region not found"
+
+
 @contextlib.contextmanager
-def _crossing(lab: Any, profile: str | None, label: str) -> Iterator[str]:
+def crossing(lab: Any, profile: str | None, label: str) -> Iterator[str]:
     """The lab's ``profile`` inside the ``with`` (the old one back after); outside the lab, nothing changes."""
     if lab is None:
         yield label
@@ -85,7 +91,7 @@ class LessonData:
     def network(self, profile: str | None = None) -> Iterator[str]:
         """Inside the ``with``, reads cross the lab's ``profile`` (this data's own by default), and the old one
         is put back after; outside the lab, the network is what it is. Yields the label of what was crossed."""
-        with _crossing(self.lab, profile or self.profile, self.label) as crossed:
+        with crossing(self.lab, profile or self.profile, self.label) as crossed:
             yield crossed
 
     def lab_only(self, what: str) -> bool:
@@ -161,7 +167,7 @@ class CheckpointPlaces:
 
     def network(self) -> contextlib.AbstractContextManager[str]:
         """The lab's profile (both ways: uploads too) inside the ``with``; elsewhere the network as it is."""
-        return _crossing(self.lab, self.profile, self.label)
+        return crossing(self.lab, self.profile, self.label)
 
     def close(self) -> None:
         """Unmount the lab's mounts and delete its bucket (nothing to do elsewhere)."""
@@ -205,8 +211,7 @@ def checkpoint_places(course: Course, drive_folder: str = "", bucket: str = "", 
         buckets["bucket"] = (f"gs://{bucket}/{under}dataferry-ckpts", cloud.client)
     if not folders and not buckets:
         folders["runtime's disk"] = course.folder("", "ckpts")  # the mechanism, on a disk a disconnect deletes
-    region = course.region().region
-    return CheckpointPlaces(folders, buckets, f"region {region}" if region != "unknown" else "region not found")
+    return CheckpointPlaces(folders, buckets, region_label(course))
 
 
 @dataclass

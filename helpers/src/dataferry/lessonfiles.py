@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from dataferry.lessondata import crossing, region_label
 
 if TYPE_CHECKING:
     from dataferry.course import Course
@@ -45,14 +46,9 @@ class LessonFiles:
     def bytes(self) -> int:
         return sum(b.size for b in self.client.list_blobs(self.bucket) if b.name in set(self.names))
 
-    @contextlib.contextmanager
-    def network(self) -> Iterator[str]:
+    def network(self) -> contextlib.AbstractContextManager[str]:
         """The lab's profile inside the ``with`` (the old one back after); elsewhere the network as it is."""
-        if self.lab is None:
-            yield self.label
-            return
-        with self.lab.using_profile(self.profile or "unshaped"):
-            yield self.label
+        return crossing(self.lab, self.profile, self.label)
 
     def mount(self, *, file_cache: bool = False, config: dict[str, Any] | None = None,
               extra_args: tuple[str, ...] = ()) -> Any:
@@ -86,12 +82,6 @@ class LessonFiles:
 
     def __str__(self) -> str:
         return self.about
-
-
-def _region_label(course: Course) -> str:
-    """``region <name>``, or that it was not found: what a cloud figure of this run is labelled."""
-    region = course.region().region
-    return f"region {region}" if region != "unknown" else "region not found"
 
 
 def _lab_gcsfuse(lab: Any) -> str:
@@ -134,7 +124,7 @@ def lesson_files(course: Course, n: int, size: int, *, seed: int = 0, bucket: st
     listed = [b.name for b in cloud.client.list_blobs(cloud.bucket, prefix=cloud.prefix or None)
               if not b.name.endswith("/") and b.name.endswith(cloud.suffix)]
     names = sorted(random.Random(seed).sample(listed, min(n, len(listed))))
-    return LessonFiles(cloud.bucket, names, cloud.client, _region_label(course), f"{len(names)} files drawn from the {len(listed)} of "
+    return LessonFiles(cloud.bucket, names, cloud.client, region_label(course), f"{len(names)} files drawn from the {len(listed)} of "
                        f"{cloud.uri} (bucket location {cloud.location}, {cloud.location_source})"
                        + (f"; gcsfuse {version}" if gcsfuse else ""), version, anonymous=cloud.anonymous, cloud=cloud)
 
@@ -160,6 +150,6 @@ def large_files(course: Course, n: int, mib: int, *, seed: int = 0, profile: str
     bands = {b.name: b.size for b in large.client.list_blobs(large.bucket, prefix=large.prefix)
              if b.name.endswith(large.suffix)}
     names = sorted(bands, key=lambda b: bands[b])[-n - 1:-1]  # large, but not the largest band
-    return LessonFiles(large.bucket, names, large.client, f"{_region_label(course)}, Landsat bands",
+    return LessonFiles(large.bucket, names, large.client, f"{region_label(course)}, Landsat bands",
                        f"{len(names)} Landsat bands of {large.uri}, {sum(bands[b] for b in names) / len(names) / 2**20:.0f} "
                        "MiB each on average", version, cloud=large)

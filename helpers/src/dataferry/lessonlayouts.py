@@ -15,11 +15,13 @@ import re
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from dataferry.lessondata import crossing, region_label
 
 if TYPE_CHECKING:
     from dataferry.course import Course
@@ -65,13 +67,9 @@ class Layouts:
         sizes = {b.name: b.size for b in self.client.list_blobs(self.large_bucket, prefix=self.large_prefix)}
         return sum(sizes[n] for n in self.large) / len(self.large)
 
-    @contextlib.contextmanager
-    def network(self) -> Iterator[str]:
-        if self.lab is None:
-            yield self.label
-            return
-        with self.lab.using_profile(self.profile or "unshaped"):
-            yield self.label
+    def network(self) -> contextlib.AbstractContextManager[str]:
+        """The lab's profile inside the ``with`` (the old one back after); elsewhere the network as it is."""
+        return crossing(self.lab, self.profile, self.label)
 
     def __str__(self) -> str:
         return self.about
@@ -106,7 +104,7 @@ def two_layouts(course: Course, n: int, file_bytes: int, shard_bytes: int, *, se
             lab, name, client, top = None, cloud.bucket, cloud.client, prefix
             dataset = plan_dataset(n, file_bytes, prefix=top, seed=seed, shard_bytes=shard_bytes)
             dataset.upload(client.bucket(name))
-            label, where = _region(course), f"in gs://{name} (delete {top}/ afterwards)"
+            label, where = region_label(course), f"in gs://{name} (delete {top}/ afterwards)"
         shard_names = list(dataset.shards)
         per = sorted({len(m) for m in dataset.shards.values()})
         return Layouts(client, name, f"{dataset.prefix}/files/", list(dataset.sizes), name,
@@ -122,14 +120,9 @@ def two_layouts(course: Course, n: int, file_bytes: int, shard_bytes: int, *, se
              if b.name.endswith(large.suffix)}
     chosen = sorted(rng.sample(sorted(bands, key=lambda b: bands[b])[:-1], min(large_files, len(bands) - 1)))
     return Layouts(cloud.client, cloud.bucket, cloud.prefix, keys, large.bucket, large.prefix, chosen,
-                   {**{k: images[k] for k in keys}, **{b: bands[b] for b in chosen}}, False, _region(course),
+                   {**{k: images[k] for k in keys}, **{b: bands[b] for b in chosen}}, False, region_label(course),
                    f"{len(keys)} images of {cloud.uri} ({cloud.location}) and {len(chosen)} Landsat bands of "
                    f"{large.uri} ({large.location})", locations=(cloud.location, large.location))
-
-
-def _region(course: Course) -> str:
-    region = course.region().region
-    return f"region {region}" if region != "unknown" else "region not found"
 
 
 def read_shard(data: bytes) -> dict[str, bytes]:

@@ -7,10 +7,11 @@ import contextlib
 import random
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from dataferry.lessondata import crossing, region_label
 
 if TYPE_CHECKING:
     from dataferry.course import Course
@@ -35,13 +36,9 @@ class ShardFiles:
     bucket: str = ""
     location: str = ""
 
-    @contextlib.contextmanager
-    def network(self) -> Iterator[str]:
-        if self.lab is None:
-            yield self.label
-            return
-        with self.lab.using_profile(self.profile or "unshaped"):
-            yield self.label
+    def network(self) -> contextlib.AbstractContextManager[str]:
+        """The lab's profile inside the ``with`` (the old one back after); elsewhere the network as it is."""
+        return crossing(self.lab, self.profile, self.label)
 
     def shard_source(self) -> Any:
         """The shards, once made, as a source to read them from."""
@@ -86,9 +83,7 @@ def shard_files(course: Course, n: int, size: int, shard_mb: float, *, seed: int
     names = sorted(random.Random(seed).sample(listed, min(n, len(listed))))
     shards_at = (str(work / "shards") if cloud.anonymous
                  else f"gs://{cloud.bucket}/{cloud.prefix.rstrip('/')}-shards-{shard_mb:g}mb")
-    region = course.region().region
-    return ShardFiles(source, names, shards_at, cloud.client, f"region {region}" if region != "unknown" else
-                      "region not found", f"{len(names)} files drawn from the {len(listed)} of {cloud.uri}; shards go "
+    return ShardFiles(source, names, shards_at, cloud.client, region_label(course), f"{len(names)} files drawn from the {len(listed)} of {cloud.uri}; shards go "
                       f"to {shards_at}", work, bucket=cloud.bucket, location=cloud.location)
 
 

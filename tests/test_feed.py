@@ -26,7 +26,8 @@ class SlowSamples(Dataset):
 
 def steady_au(report) -> float:
     """AU without the first step, whose wait includes starting the workers."""
-    return report.compute_s / (report.wall_s - report.waits_s[0])
+    assert report.steady_au == pytest.approx(report.compute_s / (report.wall_s - report.waits_s[0]))
+    return report.steady_au
 
 
 @pytest.mark.parametrize("compute_s, expected", [(0.02, 0.5), (0.08, 1.0)], ids=["loader-bound", "compute-bound"])
@@ -134,10 +135,23 @@ def test_au_of_a_real_model_does_not_count_a_slow_host_as_compute(monkeypatch):
     assert sum(bracketed) / report.wall_s > 0.9, "timing the steps counts the stall as compute"
 
 
-def test_an_epoch_of_one_step_names_no_bound_rather_than_compute():
-    """The steady state starts after the first step (whose wait starts the workers): an epoch of one step has
-    none, so it cannot say which side bounds it. It used to say "compute" at 2% AU."""
+def test_an_epoch_of_one_step_is_bound_by_its_wait_and_has_no_steady_state():
+    """Every wait counts in ``bound_by``, the first step's (which starts the workers) too: a short epoch is
+    bound by the loader however fast its later steps. (It used to leave the first wait out, and said
+    "compute" at 8% AU.) The steady state, after the first step, is reported apart; one step has none."""
     (report,) = feed(DataLoader(SlowSamples(4, 0.05), batch_size=4, num_workers=1),
                      ComputeProfile("t", "none", "sleep", 4000, 4, "this test"))
     assert report.steps == 1 and report.au < 0.1
-    assert report.bound_by == "unknown (one step)" and report.to_dict()["bound_by"] == "unknown (one step)"
+    assert report.bound_by == "loader" and report.to_dict()["bound_by"] == "loader"
+    assert report.steady_au != report.steady_au, "NaN: one step has no steady state"
+
+
+def test_a_long_first_wait_makes_a_short_epoch_loader_bound_though_its_steady_state_is_not():
+    """Four steps of fast compute after a slow start: the steady state kept the accelerator busy, the epoch did
+    not. ``bound_by`` says what the epoch saw; ``steady_au`` what a long run would."""
+    from dataferry.feed import EpochReport
+
+    report = EpochReport(1, "emulated", 4, 128, wall_s=1.0, compute_s=0.36, loader_bound=1,
+                         waits_s=[0.6, 0.01, 0.01, 0.01])
+    assert report.au == pytest.approx(0.36) and report.bound_by == "loader"
+    assert report.steady_au == pytest.approx(0.9) and report.to_dict()["steady_au"] == pytest.approx(0.9)

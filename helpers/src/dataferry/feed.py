@@ -117,21 +117,28 @@ class EpochReport:
         return statistics.quantiles(self.waits_s, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
 
     @property
+    def steady_au(self) -> float:
+        """AU after the first step, whose wait starts the loader's workers: the steady state a long run sees,
+        reported apart from :attr:`au` (NaN for an epoch of one step, which has none)."""
+        if self.steps < 2 or not self.waits_s:
+            return float("nan")
+        steady = self.wall_s - self.waits_s[0]
+        return self.compute_s / steady if steady > 0 else float("nan")
+
+    @property
     def bound_by(self) -> str:
-        """``loader`` when, after the first step (whose wait starts the workers), the accelerator waited for
-        data more than ``1 - PASS_AU`` of the time; else ``compute``. Time, not a count of steps: workers
-        that finish together make one long wait and several short ones. An epoch of one step has no steady
-        state: ``unknown (one step)``."""
-        if self.steps < 2:
-            return "unknown (one step)"
-        steady = self.wall_s - (self.waits_s[0] if self.waits_s else 0.0)
-        return "loader" if sum(self.waits_s[1:]) > (1 - PASS_AU) * steady else "compute"
+        """``loader`` when the accelerator waited for data more than ``1 - PASS_AU`` of the epoch, every wait
+        counted (the first step's too: in a short epoch, starting the workers is what bounds it); else
+        ``compute``. Time, not a count of steps: workers that finish together make one long wait and several
+        short ones."""
+        return "loader" if self.wait_s > (1 - PASS_AU) * self.wall_s else "compute"
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "waits_s"}
         return {**d, "au": self.au, "samples_per_s": self.samples_per_s, "wait_s": self.wait_s,
                 "wait_p50_s": self.wait_quantile(0.5), "wait_p95_s": self.wait_quantile(0.95),
-                "first_wait_s": self.waits_s[0] if self.waits_s else float("nan"), "bound_by": self.bound_by}
+                "first_wait_s": self.waits_s[0] if self.waits_s else float("nan"), "steady_au": self.steady_au,
+                "bound_by": self.bound_by}
 
     def __repr__(self) -> str:
         return (f"<EpochReport {self.epoch} ({self.mode}): AU {self.au:.1%}, {self.samples_per_s:.0f} samples/s, "

@@ -132,19 +132,15 @@ def read_shard(data: bytes) -> dict[str, bytes]:
 
 
 def measure_layouts(layouts: Layouts, parallel: int, repeats: int, seed: int = 0) -> Any:
-    """Each repetition lists both layouts and reads every sample four ways (files one by one, files
-    ``parallel`` at a time through ``stage``, the large objects one by one, and in parallel), in a shuffled
+    """Each repetition lists both layouts and reads every sample four ways into memory (files one by one, files
+    ``parallel`` at a time, the large objects one by one, and ``parallel`` at a time), in a shuffled
     order; every result checked against what the bucket holds, outside the clock. Rows: ``how``, ``kind``
     (list or read), ``seconds``, ``requests`` (answered by the lab's server, else issued), ``objects``,
     ``bytes``, ``MBps``."""
-    from dataferry import Cache, GCSSource, stage
     from dataferry.bench import interleave
 
     lay, client = layouts, layouts.client
     bucket, large_bucket = client.bucket(lay.bucket), client.bucket(lay.large_bucket)
-    source = GCSSource(lay.bucket, lay.small_prefix, client=client)
-    wanted = set(lay.keys)
-    entries = sorted((e for e in source.list() if e.name in wanted), key=lambda e: e.name)
     pattern = re.compile(rf"/b/({re.escape(lay.bucket)}|{re.escape(lay.large_bucket)})(/|\?|$)")
 
     def served() -> int:
@@ -158,18 +154,16 @@ def measure_layouts(layouts: Layouts, parallel: int, repeats: int, seed: int = 0
         with ThreadPoolExecutor(min(parallel, len(names))) as pool:
             return {k: v for part in pool.map(one_large, names) for k, v in part.items()}
 
-    def staged(folder: Path) -> dict[str, bytes]:
-        cache = Cache(tempfile.mkdtemp(dir=folder))
-        report = stage(source, cache, entries, in_flight=parallel, progress=False)
-        if report.failures:
-            raise RuntimeError(str(report))
-        return {e.name: cache.read(source, e) for e in entries}
+    def files_in_parallel(_: Path) -> dict[str, bytes]:  # as the shards are read: into memory, many at once
+        with ThreadPoolExecutor(min(parallel, len(lay.keys))) as pool:
+            blobs = pool.map(lambda k: bucket.blob(lay.small_prefix + k).download_as_bytes(), lay.keys)
+            return dict(zip(lay.keys, blobs))
 
     read_keys = lay.keys if lay.shards else lay.large
     readers: dict[str, tuple[Callable[[Path], Any], int, list[str]]] = {
         "files, one by one": (lambda _: {k: bucket.blob(lay.small_prefix + k).download_as_bytes() for k in lay.keys},
                                len(lay.keys), lay.keys),
-        f"files, {parallel} at a time": (staged, len(lay.keys), lay.keys),
+        f"files, {parallel} at a time": (files_in_parallel, len(lay.keys), lay.keys),
         f"{lay.large_name}, one by one": (lambda _: {k: v for n in lay.large for k, v in one_large(n).items()},
                                           len(lay.large), read_keys),
         f"{lay.large_name} in parallel": (lambda _: in_parallel(lay.large), len(lay.large), read_keys),

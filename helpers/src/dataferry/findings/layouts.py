@@ -82,9 +82,11 @@ def layouts(rows: Any, where: str, *, files: int, large: int, s_file: float, s_l
                 + (": under a lab profile this shows the method, not a size for your cloud." if profile is not None
                    else "."))
     lists = rows[rows["kind"] == "list"].groupby("how")[["seconds", "requests"]].median()
-    said.append(f"Listing took {lists.loc['list files', 'requests']:.0f} request(s) for the files and "
-                f"{lists.loc[f'list {big}', 'requests']:.0f} for the {big}; GCS lists 1000 objects a page, pages one "
-                f"after another: a million files take 1000 requests, about {1000 * latency:.0f} s at this latency.")
+    pages, seconds = lists.loc["list files", "requests"], lists.loc["list files", "seconds"]
+    said.append(f"Listing the files' folder (every object under it) took {pages:.0f} request(s) in {seconds:.2f} s, "
+                f"and the {big} {lists.loc[f'list {big}', 'requests']:.0f}; GCS lists 1000 objects a page, pages one "
+                f"after another: a million files take 1000 pages, about {1000 * seconds / max(pages, 1):.0f} s at "
+                "this run's time per page.")
     if not shards and (locations[0] != locations[1] or "unknown" in locations):
         said.append("The small files and the large objects sit in different (or unknown) locations, so the fit mixes "
                     "two links: read its latency and bandwidth as rough.")

@@ -12,16 +12,22 @@ __all__ = ["streaming", "readers"]
 
 
 def streaming(where: str, epochs: Any, peak: int, budget: int, shard_bytes: int, shards: int,
-              resumed: list[str], uninterrupted: list[str], keys: list[str], disconnect_at: int) -> Conclusion:
+              resumed: list[str], uninterrupted: list[str], keys: list[str], disconnect_at: int,
+              local: bool = False) -> Conclusion:
     """``epochs``: :func:`dataferry.lessonshards.stream_epochs`'s table; ``resumed``: the keys read before a
     disconnect and after the restart, in order; ``uninterrupted``: the same epoch's keys without one."""
     said = [f"The cache stayed {'within' if peak <= budget else 'OVER'} its budget: {mb(peak)} at most of {mb(budget)}, "
             f"for {mb(shard_bytes)} of shards ({shard_bytes / budget:.1f}x the budget)."]
     fetched = epochs["shards fetched"].astype(int).tolist()
-    said.append(f"Epoch 1 downloaded {fetched[0]} of {shards} shards"
-                + (f"; later epochs {min(fetched[1:])}" + (f"-{max(fetched[1:])}" if min(fetched[1:]) != max(fetched[1:])
-                                                           else "") + " each: the shards kept from the epoch before "
-                   "were read from disk, the rest downloaded again." if len(fetched) > 1 else "."))
+    kept = epochs["kept after (shards)"].astype(int).tolist()
+    got = "copied" if local else "downloaded"
+    said.append(f"Epoch 1 {got} {fetched[0]} of {shards} shards"
+                + (" from the local shard folder (no network here)." if local else "."))
+    for n in range(1, len(fetched)):
+        reused = shards - fetched[n]
+        said.append(f"Epoch {n + 1} {got} {fetched[n]}: of the {kept[n - 1]} shards kept after epoch {n}, {reused} were "
+                    "read from disk" + ("." if reused >= kept[n - 1] else "; the shards read ahead pushed the others "
+                                        "out before their turn."))
     once = sorted(resumed) == sorted(keys)
     said.append(f"After a disconnect at batch {disconnect_at}, the resumed epoch read "
                 + ("every sample exactly once, in the order of an uninterrupted epoch." if once and resumed == uninterrupted

@@ -67,9 +67,10 @@ def training(epochs: Any, *, prep_ms: float, workers: int, cpus: int, images: in
     supply = max(workers, 1) * 1000 / prep_ms
     need = images / computing
     said.append(f"Preparing one image (read, check, decode, resize, flip) took {prep_ms:.1f} ms on one core: {workers} "
-                f"worker(s) supply at most {supply:.0f} images/s, the model alone takes {need:.0f}: "
+                f"worker(s) supply at most {supply:.0f} images/s, the model alone takes {need:.0f} images/s: "
                 + ("the workers, not the disk, set the pace (lesson 08 measures the fixes)." if supply < need else
-                   "the workers could keep up; waiting comes from sharing the CPUs." if waiting / wall > 0.1 else
+                   "the workers could keep up, so the waiting had another cause (filling the pipeline at each epoch's "
+                   "start, or the CPUs the workers share with the model)." if waiting / wall > 0.1 else
                    "the model set the pace."))
     acc = epochs.dropna(subset=["accuracy"]).groupby("mode")["accuracy"].median()
     scored = f"{acc.min():.0%}" if acc.min() == acc.max() else f"{acc.min():.0%}-{acc.max():.0%}"
@@ -93,7 +94,11 @@ def copies(rows: Any, files: int, trained_MBps: float | None, where: str) -> Con
         said.append(f"First read of {files} files: dataferry {med[('dataferry', False)]:.1f} MB/s, the 2020 post's "
                     f"one-by-one copy {med[('api-serial', False)]:.1f} MB/s: " +
                     (f"staging in parallel was {r:.1f}x faster; one by one pays a round trip per file." if r >= 1.5
+                     else f"the one-by-one copy was {1 / r:.2f}x faster here." if r < 1 / 1.1
                      else f"only {r:.2f}x apart: no clear gain from parallel staging in this run."))
+    if {("dataferry", False), ("api-parallel", False)} <= set(med.index):
+        said.append(f"transfer_manager's 16 threads read it first at {med[('api-parallel', False)]:.1f} MB/s: the "
+                    "same parallel downloads, without the cache's copies and checks.")
     if {("dataferry", True), ("api-parallel", True)} <= set(med.index):
         cached, plain = med[("dataferry", True)], med[("api-parallel", True)]
         said.append(f"Re-read from local disk, as many at a time: through the cache {cached:.0f} MB/s, a plain copy "

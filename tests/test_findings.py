@@ -611,3 +611,65 @@ def test_downloads_once_per_sample_and_the_cache_re_read_against_a_plain_copy_re
     assert staging.copies(slower, 32, None, "x").sentences[0].endswith("the one-by-one copy was 2.00x faster here.")
     rows.loc[(rows["method"] == "dataferry") & (rows["pass"] == 2), "MBps"] = 79
     assert "the cache's checks and index cost something here" in staging.copies(rows, 32, None, "x").sentences[2]
+
+
+# -- lesson 08 ---------------------------------------------------------------------------------------
+
+def test_mlperf_storages_thresholds_by_workload():
+    from dataferry.findings.au import target_for
+
+    assert target_for("ResNet-50 v1.5, FP32") == (0.9, "MLPerf Storage's 90% for ResNet-50 v1.5")
+    assert target_for("CosmoFlow")[0] == 0.7 and target_for("U-Net3D")[0] == 0.9
+    assert target_for("a 4-layer CNN")[1].endswith("(this model has no threshold of its own)")
+
+
+def _au_rows(method_aus, samples=128, first_share=0.5):
+    import pandas as pd
+
+    rows = []
+    for m, aus in method_aus.items():
+        for r, au in enumerate(aus):
+            for p in (1, 2):
+                rows.append({"method": m, "pass": p, "au": au * (1 - first_share), "ns": 1e9,
+                             "first_byte_ns": first_share * 1e9, "samples": samples, "error": "", "repeat": r})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("aus, verdict", [
+    ([0.91, 0.92, 0.93, 0.92, 0.91], "at or above 90%: local; below it: no method"),
+    ([0.85, 0.86, 0.87, 0.86, 0.85], "at or above 90%: no method; below it: local"),
+    ([0.80, 0.95, 0.99, 0.85, 0.92], "the interval straddles 90%"),
+])
+def test_the_steady_state_is_judged_against_the_threshold_by_its_interval(aus, verdict):
+    from dataferry.feed import PROFILES
+    from dataferry.findings import au
+
+    said = " ".join(au.utilisation(_au_rows({"local": aus}), PROFILES["resnet50-v100-fp32"], "lab:x", ["local"], 5, 32))
+    assert verdict in said
+    assert ("Even local disk stayed below the threshold" in said) is ("below it: local" in verdict)
+
+
+def test_an_epoch_of_one_step_has_no_steady_state_to_judge():
+    from dataferry.feed import PROFILES
+    from dataferry.findings import au
+
+    rows = _au_rows({"local": [0.95] * 5}, samples=6)
+    assert au.steady(rows, 32).isna().all()
+    said = au.utilisation(rows, PROFILES["resnet50-v100-fp32"], "lab:x", ["local"], 2, 32).sentences
+    assert any(s.startswith("local: later epochs of one step have no steady state") for s in said)
+    assert said[-1].startswith("Only 2 run(s)")
+
+
+def test_a_one_core_cost_that_allows_less_than_the_loop_ran_is_said_to_be_a_measurement_error():
+    import pandas as pd
+
+    from dataferry.findings import au
+
+    rows = pd.DataFrame([{"decoder": d, "epoch": e, "samples_per_s": rate * (1 + 0.01 * e), "au": 0.3,
+                          "decode_ms_per_sample": ms}
+                         for d, rate, ms in (("pil", 200, 4.0), ("torchvision", 400, 20.0)) for e in range(1, 6)])
+    said = au.decoding(rows, 2, 2, "an emulated V100", "lab:x").sentences
+    assert any(s.startswith("torchvision's one-core cost, 20.00 ms, allows at most 100 images/s") and
+               "a measurement error" in s for s in said)
+    assert not any(s.startswith("pil's one-core cost") for s in said)
+    assert any(s.startswith("The fastest was torchvision (") for s in said)

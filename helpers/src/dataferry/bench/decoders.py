@@ -30,7 +30,8 @@ from dataferry.decode import DECODERS, DecodedImages, DecodeOnDevice, collate_en
 from dataferry.errors import BadArgument
 from dataferry.sources import Source
 
-__all__ = ["GPU", "augment", "compare_decoders", "decode_ms", "decoder_gains", "device_decode_ms"]
+__all__ = ["COST_ROUNDS", "GPU", "augment", "compare_decoders", "decode_ms", "decoder_gains", "device_decode_ms",
+           "interleaved_costs"]
 
 #: The decoder name of decoding on the GPU (:class:`~dataferry.decode.DecodeOnDevice`), beside :data:`DECODERS`.
 GPU = "gpu"
@@ -73,6 +74,27 @@ def device_decode_ms(blobs: Sequence[bytes], crop: int = 224, device: str = "cud
     return (time.perf_counter() - t0) / len(blobs) * 1e3
 
 
+#: How many times each decoder's cost on one core is measured, in turns.
+COST_ROUNDS = 5
+
+
+def interleaved_costs(cost_of: dict[str, Callable[[], float]], rounds: int = COST_ROUNDS,
+                      seed: int = 0) -> dict[str, float]:
+    """Each decoder's milliseconds per image: the median of ``rounds`` measurements taken in turns, in an order
+    shuffled anew each round, while no worker runs, so a slow minute of the machine falls on every decoder
+    alike rather than on whichever was measured last (one pass each, in a fixed order, made the costs rise
+    in measurement order)."""
+    import statistics
+
+    rng, got = random.Random(seed), {name: list[float]() for name in cost_of}
+    for _ in range(rounds):
+        order = list(cost_of)
+        rng.shuffle(order)
+        for name in order:
+            got[name].append(cost_of[name]())
+    return {name: statistics.median(values) for name, values in got.items()}
+
+
 def _named(names: frozenset[str], name: str) -> bool:
     return name in names
 
@@ -113,21 +135,22 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     blobs = [cache.read(source, listed.entry(i)) for i in random.Random(seed).sample(range(len(listed)), min(64, len(listed)))]
     # One listing, a dataset per decoder; each one's cost on one core, timed before any worker process runs.
     runs: dict[str, Any] = {}
-    ms_per_image: dict[str, float] = {}
+    cost_of: dict[str, Callable[[], float]] = {}
     for name in decoders:
         runs[name] = copy.copy(listed)
         if name == GPU:  # the workers read bytes; DecodeOnDevice decodes and augments on the GPU
             runs[name].loader, runs[name].transform = encoded, None
-            ms_per_image[name] = device_decode_ms(blobs, crop, str(compute.device))
+            cost_of[name] = functools.partial(device_decode_ms, blobs, crop, str(compute.device))
             continue
         runs[name].loader = DECODERS[name]
-        ms_per_image[name] = decode_ms(blobs, DECODERS[name], tf)
+        cost_of[name] = functools.partial(decode_ms, blobs, DECODERS[name], tf)
     if decode_once:
         name = f"decode-once@{decode_once}"
         runs[name] = copy.copy(listed)
         runs[name].decoded = DecodedImages(source, cache, decode_once)
-        ms_per_image[name] = decode_ms([decode_image(data, decode_once) for data in blobs],
-                                       functools.partial(pixels, size=decode_once), tf)  # crop the pixels
+        decoded = [decode_image(data, decode_once) for data in blobs]
+        cost_of[name] = functools.partial(decode_ms, decoded, functools.partial(pixels, size=decode_once), tf)
+    ms_per_image = interleaved_costs(cost_of, COST_ROUNDS, seed)
     who = compute.profile.name if hasattr(compute, "profile") else repr(compute)
     rows: list[dict[str, Any]] = []
     for name, ds in runs.items():
@@ -150,6 +173,7 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
             loader = DecodeOnDevice(loader, crop, str(compute.device))
         for report in feed(loader, compute, epochs=epochs, before_epoch=drop_page_cache):
             rows.append({"decoder": name, "epoch": report.epoch, "samples_per_s": report.samples_per_s, "au": report.au,
+                         "steady_au": report.steady_au,
                          "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,
                          "cache_state": states[report.epoch - 1], "decode_ms_per_sample": ms_per_image[name],
                          "workers": workers, "cpus": os.cpu_count(), "compute": who})

@@ -1,0 +1,119 @@
+"""Lesson 08's findings: will the accelerator starve? Utilisation (AU) per way of reading, judged in the steady
+state against MLPerf Storage's thresholds, and what decoding costs once the files are local."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataferry.findings import MIN_REPEATS, Conclusion
+
+__all__ = ["MLPERF", "target_for", "steady", "utilisation", "decoding"]
+
+#: MLPerf Storage's AU thresholds by workload: a storage system passes when the accelerators stay busy at
+#: least this share of the time (ResNet-50 and U-Net3D 90%, CosmoFlow 70%).
+MLPERF = {"resnet": 0.9, "unet": 0.9, "cosmoflow": 0.7}
+
+
+def target_for(model: str) -> tuple[float, str]:
+    """The AU threshold for a model, and whose it is: MLPerf Storage's for its workload; for another model
+    its ResNet-50 threshold, said so."""
+    name = model.lower().replace("-", "")
+    for key, share in MLPERF.items():
+        if key in name:
+            return share, f"MLPerf Storage's {share:.0%} for {model.split(',')[0]}"
+    return 0.9, "MLPerf Storage's 90% for ResNet-50 (this model has no threshold of its own)"
+
+
+def steady(rows: Any, batch_size: int) -> Any:
+    """Each train row's AU after its first step (``first_byte_ns``: the first step's wait, which fills the
+    pipeline); NaN for an epoch of one step (``samples`` at most ``batch_size``), which has no steady state."""
+    rest = rows["ns"] - rows["first_byte_ns"]
+    return (rows["au"] * rows["ns"] / rest).where((rest > 0) & (rows["samples"] > batch_size))
+
+
+def _ci(values: Any) -> tuple[float, float]:
+    from dataferry.stats import bootstrap_median_ci
+
+    return bootstrap_median_ci(values) if len(values) >= MIN_REPEATS else (float("nan"), float("nan"))
+
+
+def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeats: int, batch_size: int) -> Conclusion:
+    """``rows``: the ``train`` rows of one compute ``profile`` in one ``region``; verdicts from epochs after the
+    first, in the steady state (the first step's wait apart), each method's median against the profile's
+    threshold with its 95% interval over the runs."""
+    at, whose = target_for(profile.model)
+    ok = rows[(rows["error"].fillna("") == "") & (rows["pass"] >= 1)].assign(steady_au=lambda r: steady(r, batch_size))
+    said = [f"{profile.name} ({profile.samples_per_s:.0f} samples/s); the threshold is {whose}."]
+    passing, failing, unsure, short = [], [], [], []
+    for m in methods:
+        mine = ok[ok["method"] == m]
+        if mine.empty:
+            continue
+        e1, later = mine[mine["pass"] == 1], mine[mine["pass"] > 1]
+        values = later["steady_au"].dropna()
+        if values.empty:
+            short.append(m)
+            continue
+        med, (low, high) = values.median(), _ci(values)
+        said.append(f"{m}: AU {e1['au'].median():.0%} in epoch 1, {later['au'].median():.0%} in later epochs, {med:.0%} "
+                    "after their first step (which fills the pipeline)"
+                    + (f" [95% CI {low:.0%}, {high:.0%}]." if low == low else ", too few runs for an interval."))
+        if low == low and low >= at:
+            passing.append(m)
+        elif low == low and high < at:
+            failing.append(m)
+        else:
+            unsure.append(m)
+    if passing or failing:
+        said.append(f"In the steady state, at or above {at:.0%}: {', '.join(passing) or 'no method'}; below it: "
+                    f"{', '.join(failing) or 'no method'}.")
+    if unsure:
+        said.append(f"{', '.join(unsure)}: the interval straddles {at:.0%} (or rests on too few runs), so this run "
+                    "cannot say; raise REPEATS.")
+    if short:
+        said.append(f"{', '.join(short)}: later epochs of one step have no steady state; raise N_FILES (an epoch of "
+                    "50 steps or more is not decided by filling the pipeline).")
+    if "local" in failing:
+        said.append("Even local disk stayed below the threshold in the steady state: a faster source alone would not "
+                    "keep this accelerator busy on this runtime; the work after the disk (the workers, their CPUs) is "
+                    "the limit.")
+    if repeats < 5:
+        said.append(f"Only {repeats} run(s) of every method: these medians say little (the course's rule is at least 5).")
+    return Conclusion(region, said)
+
+
+def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclusion:
+    """``rows``: :func:`dataferry.bench.decoders.compare_decoders`'s, per decoder and epoch; epochs after the
+    first are compared. A one-core cost that implies fewer images/s than the loop ran is a measurement error,
+    said as such."""
+    from dataferry.bench.decoders import decoder_gains
+
+    later = rows[rows["epoch"] > 1].groupby("decoder", sort=False)
+    if not len(later):
+        return Conclusion(where, ["DECODE_EPOCHS is 1: every epoch measured started its workers; raise it to 2 or "
+                                  "more to compare decoders."])
+    rate, au = later["samples_per_s"].median(), later["au"].median()
+    ms = rows.groupby("decoder", sort=False)["decode_ms_per_sample"].first()
+    said = [f"{cpus} CPUs, {workers} workers, feeding {fed}. PIL, as ImageFolder decodes: {rate['pil']:.0f} images/s, AU "
+            f"{au['pil']:.0%}."]
+    for d in rate.index:
+        ceiling = workers * 1000 / ms[d]
+        if d != "gpu" and ceiling < 0.95 * rate[d]:
+            said.append(f"{d}'s one-core cost, {ms[d]:.2f} ms, allows at most {ceiling:.0f} images/s from {workers} "
+                        f"workers, yet the loop ran at {rate[d]:.0f}: a measurement error in that cost (the machine was "
+                        "busier while it was timed); its cost is not used below.")
+    gains = decoder_gains(rows.to_dict("records"))
+    for d, (g, low, high) in gains.items():
+        if d != "pil":
+            said.append(f"{d}: {g:.2f}x PIL's images/s [95% CI {low:.2f}, {high:.2f}]"
+                        + (": not told apart from PIL" if low <= 1 <= high else "") + f"; AU {au[d]:.0%}.")
+    ranked = sorted(gains, key=lambda d: gains[d][0], reverse=True)
+    best = ranked[0]
+    said.append(f"The fastest was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "") + ": "
+                + ("it kept the accelerator busy at least 90% of the time." if au[best] >= 0.9 else
+                   f"even so the accelerator waited {1 - au[best]:.0%} of the time, every image already on local disk."))
+    cap = workers * 1000 / ms[best]
+    if best != "gpu" and cap > 2 * rate[best]:
+        said.append(f"At its one-core cost {workers} workers could prepare {cap:.0f} images/s, and the loop ran at "
+                    f"{rate[best]:.0f}: past decoding, something else in the loop set the pace (issue 37 profiles it).")
+    return Conclusion(where, said)

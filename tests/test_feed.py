@@ -25,8 +25,10 @@ class SlowSamples(Dataset):
 
 
 def steady_au(report) -> float:
-    """AU without the first step, whose wait includes starting the workers."""
-    assert report.steady_au == pytest.approx(report.compute_s / (report.wall_s - report.waits_s[0]))
+    """AU once the pipeline is full: after the first step and the batches the workers fetched ahead."""
+    fill = report.fill_steps
+    assert fill == 1 + 2 * 2, "two workers fetch two batches each ahead of the first step"
+    assert report.steady_au == pytest.approx(sum(report.busy_s[fill:]) / (report.wall_s - report.fill_s))
     return report.steady_au
 
 
@@ -152,6 +154,8 @@ def test_a_long_first_wait_makes_a_short_epoch_loader_bound_though_its_steady_st
     from dataferry.feed import EpochReport
 
     report = EpochReport(1, "emulated", 4, 128, wall_s=1.0, compute_s=0.36, loader_bound=1,
-                         waits_s=[0.6, 0.01, 0.01, 0.01])
+                         waits_s=[0.6, 0.01, 0.01, 0.01], fill_steps=1, busy_s=[0.09] * 4)
     assert report.au == pytest.approx(0.36) and report.bound_by == "loader"
-    assert report.steady_au == pytest.approx(0.9) and report.to_dict()["steady_au"] == pytest.approx(0.9)
+    assert report.steady_au == pytest.approx(0.27 / 0.31) and report.to_dict()["steady_au"] == report.steady_au
+    prefetched = EpochReport(1, "emulated", 4, 128, 1.0, 0.36, 1, [0.6, 0.01, 0.01, 0.01], fill_steps=9)
+    assert prefetched.steady_au != prefetched.steady_au, "four workers fetched every batch ahead: no steady state"

@@ -95,6 +95,8 @@ class EpochReport:
     compute_s: float
     loader_bound: int
     waits_s: list[float] = field(repr=False)
+    fill_steps: int = 1
+    busy_s: list[float] = field(default_factory=list, repr=False)
 
     @property
     def au(self) -> float:
@@ -117,13 +119,22 @@ class EpochReport:
         return statistics.quantiles(self.waits_s, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
 
     @property
+    def fill_s(self) -> float:
+        """The time of the first ``fill_steps`` steps: the workers starting and the batches they fetch ahead
+        (``num_workers x prefetch_factor``) consumed; the pipeline is full only after them."""
+        busy = self.busy_s or [self.compute_s / self.steps] * self.steps if self.steps else []
+        return sum(self.waits_s[:self.fill_steps]) + sum(busy[:self.fill_steps])
+
+    @property
     def steady_au(self) -> float:
-        """AU after the first step, whose wait starts the loader's workers: the steady state a long run sees,
-        reported apart from :attr:`au` (NaN for an epoch of one step, which has none)."""
-        if self.steps < 2 or not self.waits_s:
+        """AU after the pipeline's fill (:attr:`fill_s`): the steady state a long run sees, reported apart from
+        :attr:`au`; NaN for an epoch no longer than its fill, which has none (its batches were all fetched
+        ahead, so the steps after the first barely wait whatever the source)."""
+        if self.steps <= self.fill_steps:
             return float("nan")
-        steady = self.wall_s - self.waits_s[0]
-        return self.compute_s / steady if steady > 0 else float("nan")
+        busy = self.busy_s or [self.compute_s / self.steps] * self.steps
+        rest = self.wall_s - self.fill_s
+        return sum(busy[self.fill_steps:]) / rest if rest > 0 else float("nan")
 
     @property
     def bound_by(self) -> str:
@@ -137,7 +148,8 @@ class EpochReport:
         d = {k: v for k, v in asdict(self).items() if k != "waits_s"}
         return {**d, "au": self.au, "samples_per_s": self.samples_per_s, "wait_s": self.wait_s,
                 "wait_p50_s": self.wait_quantile(0.5), "wait_p95_s": self.wait_quantile(0.95),
-                "first_wait_s": self.waits_s[0] if self.waits_s else float("nan"), "steady_au": self.steady_au,
+                "first_wait_s": self.waits_s[0] if self.waits_s else float("nan"), "fill_s": self.fill_s,
+                "steady_au": self.steady_au,
                 "bound_by": self.bound_by}
 
     def __repr__(self) -> str:
@@ -273,6 +285,14 @@ class TorchCompute:
         return f"<TorchCompute {self.name} on {where}{rate}>"
 
 
+def fill_steps(loader: Any) -> int:
+    """Steps until a loader's pipeline is full: the first, which starts the workers, and the batches they
+    fetch ahead of it (``num_workers x prefetch_factor``; 1 for a loader without workers)."""
+    inner = loader if hasattr(loader, "num_workers") else getattr(loader, "loader", loader)  # a wrapper's own
+    workers = getattr(inner, "num_workers", 0) or 0
+    return 1 + workers * (getattr(inner, "prefetch_factor", None) or 2) if workers else 1
+
+
 def feed(loader: Iterable[Any], compute: EmulatedCompute | TorchCompute | ComputeProfile, epochs: int = 1,
          before_epoch: Callable[[int], Any] | None = None,
          on_epoch: Callable[[EpochReport], Any] | None = None) -> list[EpochReport]:
@@ -306,7 +326,8 @@ def feed(loader: Iterable[Any], compute: EmulatedCompute | TorchCompute | Comput
         # The wait before step i overlaps step i-1's compute on a GPU (it runs asynchronously), not in a sleep.
         ahead = [0.0] + busy[:-1] if compute.mode == "cuda" else [0.0] * len(busy)
         bound = sum(w - a > LOADER_BOUND_SHARE * b for w, a, b in zip(waits, ahead, busy))
-        report = EpochReport(epoch, compute.mode, len(waits), samples, wall, sum(busy), bound, waits)
+        report = EpochReport(epoch, compute.mode, len(waits), samples, wall, sum(busy), bound, waits,
+                             fill_steps(loader), list(busy))
         reports.append(report)
         if on_epoch is not None:
             on_epoch(report)

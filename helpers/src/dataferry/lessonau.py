@@ -143,10 +143,10 @@ def decoding_run(course: Course, data: AUData, n: int, compute_name: str, *, epo
     return pd.DataFrame(rows), fed, width
 
 
-def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int) -> Any:
+def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int, real: str = "auto") -> Any:
     """On a CUDA runtime: a real ResNet-50 trained through the cache beside the emulator's prediction with this
     GPU's measured ``profile``; a row per mode and epoch. None (said) without a GPU."""
-    if not cuda():
+    if not cuda(real):
         print("No CUDA GPU here: the accelerator was emulated only. In Colab, choose a GPU runtime and run again "
               "to train a real model through the cache.")
         return None
@@ -156,10 +156,10 @@ def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int) -> Any:
     from dataferry import Cache, CachedDataset
     from dataferry.feed import EmulatedCompute, TorchCompute, feed, image_sample
 
-    real = TorchCompute("resnet50")
-    real.warm_up((64, 3, 224, 224))
+    resnet = TorchCompute("resnet50")
+    resnet.warm_up((64, 3, 224, 224))
     rows = []
-    for mode, compute in (("real GPU", real), ("emulated", EmulatedCompute(profile))):
+    for mode, compute in (("real GPU", resnet), ("emulated", EmulatedCompute(profile))):
         ds = CachedDataset(data.target.source, Cache(data.work / f"gpu-{mode.replace(' ', '-')}"), decode=image_sample)
         loader = DataLoader(ds, batch_size=64, num_workers=workers, pin_memory=True, persistent_workers=True,
                             sampler=ds.prefetching(RandomSampler(ds)))

@@ -13,8 +13,9 @@ same files of a :class:`~dataferry.bench.Target` into :func:`dataferry.feed.feed
 
 Before every epoch the files a method reads are dropped from the page cache, so later epochs read
 their disk (or their mount), not RAM. Each epoch is a ``train`` row in the results, with its cache
-state, region and compute profile; its ``first_byte_ns`` is the first step's wait (the epoch's first batch,
-which fills the pipeline), so the steady state after it can be told apart: ``au * ns / (ns - first_byte_ns)``.
+state, region and compute profile; its ``first_byte_ns`` is the time the pipeline took to fill (:attr:`~dataferry.feed.EpochReport.fill_s`:
+the first step and the batches the workers fetched ahead), so the steady state after it can be told apart
+(:func:`dataferry.findings.au.steady`).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
                                                 ns=int(r.wall_s * 1e9), concurrency=width,
                                                 cache_state=evictions[r.epoch][0], eviction=evictions[r.epoch][1],
                                                 au=r.au, samples=r.samples, bound_by=r.bound_by,
-                                                first_byte_ns=int(r.waits_s[0] * 1e9) if r.waits_s else None,
+                                                first_byte_ns=int(r.fill_s * 1e9) if r.waits_s else None,
                                                 wait_p50_ns=int(r.wait_quantile(0.5) * 1e9),
                                                 wait_p95_ns=int(r.wait_quantile(0.95) * 1e9)))
                         if progress is not None:

@@ -46,7 +46,10 @@ def test_au_is_compute_over_the_slower_of_loader_and_compute_with_worker_process
         assert report.compute_s == pytest.approx(30 * compute_s, rel=0.1)
         assert steady_au(report) == pytest.approx(expected, abs=0.08)
         assert report.au <= steady_au(report) + 1e-9
-        assert report.bound_by == ("loader" if expected < 1 else "compute")
+        # every wait counts, the first (starting the workers) too: that is the definition, on a loaded machine too
+        assert report.bound_by == ("loader" if report.wait_s > 0.1 * report.wall_s else "compute")
+    # epoch 2's persistent workers start nothing: what bounds it is the slower side
+    assert second.bound_by == ("loader" if expected < 1 else "compute")
 
 
 def test_a_loader_that_yields_everything_at_once_gives_full_utilisation_and_no_loader_bound_steps():

@@ -285,12 +285,16 @@ class TorchCompute:
         return f"<TorchCompute {self.name} on {where}{rate}>"
 
 
+#: The batches each DataLoader worker fetches ahead unless told otherwise (``prefetch_factor``, PyTorch's).
+PREFETCH_FACTOR = 2
+
+
 def fill_steps(loader: Any) -> int:
     """Steps until a loader's pipeline is full: the first, which starts the workers, and the batches they
     fetch ahead of it (``num_workers x prefetch_factor``; 1 for a loader without workers)."""
     inner = loader if hasattr(loader, "num_workers") else getattr(loader, "loader", loader)  # a wrapper's own
     workers = getattr(inner, "num_workers", 0) or 0
-    return 1 + workers * (getattr(inner, "prefetch_factor", None) or 2) if workers else 1
+    return 1 + workers * (getattr(inner, "prefetch_factor", None) or PREFETCH_FACTOR) if workers else 1
 
 
 def feed(loader: Iterable[Any], compute: EmulatedCompute | TorchCompute | ComputeProfile, epochs: int = 1,

@@ -119,8 +119,7 @@ def decoding_run(course: Course, data: AUData, n: int, compute_name: str, *, epo
     if data.lab is not None:
         from dataferry.lab.flowers import plan_flowers
 
-        photos = data.lab.create_bucket("l08-flowers")
-        photos.delete_blobs(list(photos.list_blobs()))
+        photos = data.lab.empty_bucket("l08-flowers")
         plan_flowers(max(1, n // 5), seed=seed, prefix="flowers/").upload(photos)
         source, names = GCSSource("l08-flowers", "flowers/", client=data.lab.client()), None
     else:

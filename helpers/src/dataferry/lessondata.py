@@ -104,16 +104,6 @@ class LessonData:
         return self.about
 
 
-def _lab_bucket(lab: Any, name: str) -> Any:
-    """A lab bucket of that name, empty: an earlier, larger run's objects would otherwise be listed too."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    bucket = lab.create_bucket(name)
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda blob: blob.delete(), bucket.list_blobs()))
-    return bucket
-
-
 def images(course: Course, n: int, *, seed: int = 0, bucket: str = "", prefix: str = "",
            profile: str = "colocated", held_out: int = 0) -> LessonData:
     """``n`` flower images of five classes (``<class>/<file>.jpg``) for ``course``'s lesson, wherever it runs,
@@ -131,7 +121,7 @@ def images(course: Course, n: int, *, seed: int = 0, bucket: str = "", prefix: s
 
         lab = Lab().up()
         name = f"l{course.lesson[:2]}-data"
-        lab_bucket = _lab_bucket(lab, name)
+        lab_bucket = lab.empty_bucket(name)
         flowers = plan_flowers(max(1, n // 5), seed=seed, prefix="train/").upload(lab_bucket)
         if held_out:
             plan_flowers(max(1, held_out // 5), seed=seed + 1, prefix="test/").upload(lab_bucket)

@@ -75,14 +75,6 @@ class Layouts:
         return self.about
 
 
-def _empty_lab_bucket(lab: Any, name: str) -> None:
-    from concurrent.futures import ThreadPoolExecutor as Pool
-
-    bucket = lab.create_bucket(name)
-    with Pool(8) as pool:  # an earlier, larger run's objects would be listed too
-        list(pool.map(lambda blob: blob.delete(), bucket.list_blobs()))
-
-
 def two_layouts(course: Course, n: int, file_bytes: int, shard_bytes: int, *, seed: int = 0, bucket: str = "",
                 prefix: str = "", large_files: int = 2, profile: str = "same-continent") -> Layouts:
     """``n`` samples of ``file_bytes`` as files and in tar shards of about ``shard_bytes`` (the lab, or your
@@ -95,7 +87,7 @@ def two_layouts(course: Course, n: int, file_bytes: int, shard_bytes: int, *, se
 
             lab: Any = Lab().up()
             name, client, top = "l06-data", lab.client(), "d"
-            _empty_lab_bucket(lab, name)
+            lab.empty_bucket(name)
             dataset = plan_dataset(n, file_bytes, prefix=top, seed=seed, shard_bytes=shard_bytes)
             dataset.upload(lab.client(direct=True).bucket(name))
             label, where = f"lab:{profile}", f"under the lab's {profile!r} profile (lab numbers, not cloud numbers)"

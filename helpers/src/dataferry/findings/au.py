@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataferry.feed import PREFETCH_FACTOR
 from dataferry.findings import MIN_REPEATS, Conclusion
 
 __all__ = ["MLPERF", "target_for", "steady", "utilisation", "decoding"]
@@ -31,7 +32,7 @@ def steady(rows: Any, batch_size: int) -> Any:
     import numpy as np
 
     steps = np.ceil(rows["samples"] / batch_size)
-    fill = 1 + 2 * rows["concurrency"].fillna(0)
+    fill = 1 + PREFETCH_FACTOR * rows["concurrency"].fillna(0)
     compute = rows["au"] * rows["ns"]
     rest = rows["ns"] - rows["first_byte_ns"]
     return (compute * (steps - fill) / steps / rest).where((rest > 0) & (steps > fill))

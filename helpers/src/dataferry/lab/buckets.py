@@ -65,14 +65,20 @@ class LabBuckets:
             raise BucketNotFound(f"lab bucket {name!r} does not exist (buckets: {have}); create it with "
                                  f"lab.create_bucket({name!r})") from None
 
-    def delete_bucket(self, name: str) -> None:
-        """Delete a lab bucket and everything in it (any number of objects)."""
+    def empty_bucket(self, name: str):
+        """A lab bucket of that name (created if missing) with nothing in it: an earlier, larger run's objects
+        would otherwise be listed too. Any number of objects, deleted in parallel."""
         from concurrent.futures import ThreadPoolExecutor
 
-        bucket = self.bucket(name, direct=True)
+        bucket = self.create_bucket(name)
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda blob: blob.delete(), bucket.list_blobs()))
-        bucket.delete()
+        return bucket
+
+    def delete_bucket(self, name: str) -> None:
+        """Delete a lab bucket and everything in it (any number of objects)."""
+        self.bucket(name, direct=True)  # a missing bucket is an error here, named
+        self.empty_bucket(name).delete()
 
     def make_dataset(self, bucket: str, n_files: int, size: int | LogNormal, *, create: bool = True,
                      **plan: Any) -> SyntheticDataset:

@@ -9,7 +9,7 @@ What Colab does and this does the same way:
   the course touches, and no papermill, nbval, jupyter-book, Go or lab tools;
 - the notebook opened alone in an empty /content-like folder, its kernel in that environment, with
   ``google.colab`` importable and imported at start (a stand-in: the one thing that cannot run here;
-  it records drive.mount, auth and download calls);
+  it records drive.mount, auth and download calls, and refuses access to Drive);
 - the setup cell's real ``%pip install``, pointed at this checkout by ``$DATAFERRY_INSTALL``; pip must
   reinstall, upgrade or downgrade none of the preinstalled packages;
 - the lesson's Colab defaults (nothing injected), so ``WHERE = "auto"`` picks the public data set;
@@ -18,7 +18,7 @@ What Colab does and this does the same way:
   Colab's apt install would leave it (the apt step itself needs Google's package server).
 
 A lesson fails the rehearsal, naming the lesson and the cell, when it raises, needs Go or a lab tool,
-mounts Drive, signs in, reads a bucket other than the public ones, writes outside the course folder,
+mounts Drive (but for a lesson that measures Drive), signs in, reads a bucket other than the public ones, writes outside the course folder,
 prints a warning, or when pip touched a preinstalled package. Executed notebooks and report.json go to
 build/colab-rehearsal/.
 """
@@ -47,6 +47,9 @@ OUT = ROOT / "build" / "colab-rehearsal"
 # What the course touches in Colab: the package's dependencies, the [torch] and [plots] extras, the kernel.
 ROOTS = ["pip", "setuptools", "wheel", "google-cloud-storage", "google-api-core", "google-crc32c", "requests",
          "filelock", "tqdm", "torch", "torchvision", "numpy", "pandas", "matplotlib", "seaborn", "tabulate", "ipykernel", "ipython"]
+# The lessons whose Colab defaults mount Drive, because Drive is what they measure: the rehearsal's Drive
+# refuses access, as a learner who declines does, and they must go on with a stand-in that says so.
+MEASURES_DRIVE = {"01_google_drive"}
 # Colab's CPU image has no CUDA libraries; PyPI's torch brings its own, so none is pinned from the snapshot.
 UNPINNED = re.compile(r"^(nvidia-|triton)")
 
@@ -186,8 +189,9 @@ def _record(call, **args):
 '''
 STANDIN_MODULES = {
     "drive": "from google.colab import _record\n\n\ndef mount(mountpoint, force_remount=False, timeout_ms=120000, "
-             "readonly=False):\n    _record('drive.mount', mountpoint=mountpoint)\n    raise RuntimeError("
-             "'the Colab rehearsal cannot mount Drive')\n\n\ndef flush_and_unmount(*a, **k):\n    pass\n",
+             "readonly=False):\n    _record('drive.mount', mountpoint=mountpoint, readonly=readonly)\n"
+             "    raise ValueError('mount failed: access refused (the Colab rehearsal has no Drive)')\n\n\n"
+             "def flush_and_unmount(*a, **k):\n    pass\n",
     "auth": "from google.colab import _record\n\n\ndef authenticate_user(*args, **kwargs):\n"
             "    _record('auth.authenticate_user')\n",
     "files": "from google.colab import _record\n\n\ndef download(filename):\n"
@@ -324,7 +328,7 @@ def rehearse(nb: Path, lab, sizes: dict[str, dict[str, int]], out: Path) -> dict
             if (top / "colab-calls.jsonl").exists() else []
         report["colab_calls"] = calls
         for call in calls:
-            if call["call"] in ("drive.mount", "auth.authenticate_user"):
+            if call["call"] == "auth.authenticate_user" or (call["call"] == "drive.mount" and nb.stem not in MEASURES_DRIVE):
                 report["problems"].append(f"the Colab defaults called {call['call']}: they must need no Drive "
                                           "and no sign-in")
         stray = _stray_files(top, nb)

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,6 +92,14 @@ def pooled_conclusion(executed: Path) -> str:
     return printed.strip()
 
 
+def without_build_paths(text: str, out: Path) -> str:
+    """An executed notebook as the book shows it: the folders of the machine that built it named for what they
+    are (``build/``: the build folder; ``/tmp/``: the system's temporary folder), not by where they were on it."""
+    for path, shown in ((out, "build"), (ROOT, "."), (Path(tempfile.gettempdir()), "/tmp")):
+        text = text.replace(json.dumps(str(path.absolute()))[1:-1], shown)
+    return text
+
+
 def build_book(out: Path) -> Path:
     """Copy book/ and the executed lessons into one source folder and build it (warnings are errors).
 
@@ -99,6 +108,8 @@ def build_book(out: Path) -> Path:
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(ROOT / "book", src)
     shutil.copytree(out / "notebooks", src / "notebooks")
+    for executed in (src / "notebooks").glob("*.ipynb"):
+        executed.write_text(without_build_paths(executed.read_text(), out))
     said = pooled_conclusion(out / "notebooks" / "11_analysis.ipynb")
     if said:
         results = src / "results.md"

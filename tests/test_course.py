@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -143,6 +144,18 @@ def test_make_course_prints_no_kernel_warning_and_says_the_folders_were_passed_i
     for path in LESSONS:
         executed = (out / "notebooks" / path.name).read_text()
         assert "your home folder" not in executed and "both as passed in" in executed, path.name
+
+
+def test_the_book_shows_no_folder_of_the_machine_that_built_it(course):
+    """The book names the build folder `build/` and the temporary folder `/tmp/`, not where they were."""
+    out, _ = course
+    html = out / "book" / "_build" / "html" / "notebooks"
+    machine = [str(out), str(ROOT), tempfile.gettempdir()]
+    for path in LESSONS:
+        page = (html / f"{path.stem}.html").read_text()
+        assert not [m for m in machine if m in page and m != "/tmp"], path.stem
+    executed = (out / "notebooks" / "00_start_here.ipynb").read_text()
+    assert str(out) in executed, "the executed notebooks keep the real folders; only the book names them"
 
 
 # A number in prose: digits not glued to a word ("CRC32C", "l04"), with an optional decimal part.

@@ -90,7 +90,7 @@ def _saves(straight, safe, place="mounted folder"):
 
 
 @pytest.mark.parametrize("safe, words", [
-    ([1.2, 1.21, 1.22], "1.21x, most likely the price of the local write and the read-back"),
+    ([1.2, 1.21, 1.22], "1.21x, most likely the price of the local write and of reading the copy back to check it"),
     ([0.8, 0.81, 0.82], "0.81x, most likely because one local write and a copy in large blocks beat"),
     ([1.05, 1.06, 1.07], "about the same (1.06x)"),
     ([0.9, 1.06, 1.5], "their ranges overlap (0.98-1.02 s against 0.90-1.50 s), so this run cannot tell them apart"),
@@ -101,6 +101,9 @@ def test_a_safe_save_is_compared_on_each_side_of_its_thresholds_and_overlaps_are
     said = checkpoints.saves_and_failures("lab:far", _saves([0.98, 1.0, 1.02], safe), [], 5)
     assert said.sentences[0].startswith("Into the mounted folder, torch.save took 1.00 s and Checkpoints ")
     assert words in said.sentences[0] and len(said.sentences) == 1
+    if "read" in words:
+        bucket = checkpoints.saves_and_failures("lab:far", _saves([0.98, 1.0, 1.02], safe, "bucket"), [], 5)
+        assert "checking the CRC32C the bucket computed (nothing is read back)" in bucket.sentences[0]
 
 
 def test_the_ratio_thresholds_are_at_ten_percent():
@@ -382,7 +385,7 @@ def test_parallel_downloads_are_judged_by_their_interval(parallel, words):
     said = client.serial_vs_parallel(rows, "lab:same-continent", 16, 256 * 2**10, get_profile("same-continent"), 5)
     assert words in said.sentences[1]
     assert said.sentences[2].startswith("Each one-by-one download took a median 40 ms; moving 256 KiB at the "
-                                        "profile's 50 MB/s takes 5 ms, so about 87% of it was waiting")
+                                        "profile's 50 MB/s per connection takes 5 ms, so about 87% of it was waiting")
     cloud = client.serial_vs_parallel(rows, "us-central1", 16, None, None, 5).sentences
     assert not any(s.startswith("Each one-by-one") or s.startswith("Lab numbers") for s in cloud)
 
@@ -397,14 +400,25 @@ def test_a_fastest_copy_is_named_only_when_intervals_part_and_the_clis_start_up_
                              (("transfer_manager (16 threads)", tm, 1.0), ("dataferry stage", stage, 1.0),
                               ("gcloud storage cp", [1, 1, 1], 4.0)) for v in vs])
 
-    apart = client.copies(rows([30, 31, 32], [10, 11, 12]), 2.0, "x", 48, 12_000_000).sentences
+    apart = client.copies(rows([30, 31, 32], [10, 11, 12]), 2.6, "x", 48, 12_000_000).sentences
     assert apart[0] == ("First read of 48 files (12.0 MB): transfer_manager (16 threads) 31.0 MB/s, dataferry stage "
                         "11.0 MB/s, gcloud storage cp 1.0 MB/s (medians).")
     assert apart[1].endswith("transfer_manager (16 threads) was the fastest.")
-    assert "at this size its MB/s measures mostly the CLI starting" in apart[2] and "50% of its 4.00 s" in apart[2]
-    overlap = client.copies(rows([10, 20, 30], [12, 18, 25]), 1.9, "x", 48, 12_000_000).sentences
+    assert "at this size its MB/s measures mostly the CLI starting" in apart[2] and "65% of its 4.00 s" in apart[2]
+    overlap = client.copies(rows([10, 20, 30], [12, 18, 25]), 1.5, "x", 48, 12_000_000).sentences
     assert "the interval straddles 1x, so this run cannot tell" in overlap[1]
     assert "the transfer, not the start-up, took most of its time" in overlap[2]
+
+
+@pytest.mark.parametrize("floor_s, words", [(2.4, "mostly the CLI starting"), (2.3, "about half of it each"),
+                                            (1.7, "about half of it each"), (1.6, "the transfer, not the start-up")])
+def test_the_clis_start_up_is_said_from_its_share_of_the_copy(floor_s, words):
+    import pandas as pd
+
+    from dataferry.findings import client
+
+    rows = pd.DataFrame([{"way": "gcloud storage cp", "MBps": 1.0, "seconds": 4.0}] * 3)
+    assert words in client.copies(rows, floor_s, "x", 48, 12_000_000).sentences[-1]
 
 
 @pytest.mark.parametrize("served, beyond", [({200: 15, 206: 4}, "6 most likely re-sent by aiohttp itself"),
@@ -603,7 +617,7 @@ def test_downloads_once_per_sample_and_the_cache_re_read_against_a_plain_copy_re
                          for p, v in ((1, first), (2, again))])
     said = staging.copies(rows, 32, 3.0, "lab:far").sentences
     assert said[0].endswith("staging in parallel was 4.0x faster; one by one pays a round trip per file.")
-    assert said[1].startswith("transfer_manager's 16 threads read it first at 6.0 MB/s")
+    assert said[1].startswith("transfer_manager, 16 threads each downloading one file at a time, read it first at 6.0 MB/s")
     assert "a plain copy 100 MB/s (0.80x): reading through the cache cost little." in said[2]
     assert said[3].endswith("the limit was the training loop (workers, decoding, the model), not the disk.")
     slower = rows.copy()
@@ -678,3 +692,14 @@ def test_a_one_core_cost_that_allows_less_than_the_loop_ran_is_said_to_be_a_meas
     assert not any(s.startswith("pil's one-core cost") for s in said)
     assert any(s.startswith("The fastest was torchvision (") for s in said)
     assert any(s.startswith("For pil, 2 workers could decode") for s in said)
+
+
+@pytest.mark.parametrize("region, heading", [("lab:same-continent", "lab:same-continent"),
+                                             ("us-central1", "region us-central1"),
+                                             ("unknown", "region not found")])
+def test_an_au_conclusion_is_headed_by_a_lab_profile_a_region_or_that_none_was_found(region, heading):
+    from dataferry.feed import PROFILES
+    from dataferry.findings import au
+
+    said = au.utilisation(_au_rows({"local": [0.95] * 5}), PROFILES["resnet50-v100-fp32"], region, ["local"], 5, 32)
+    assert said.where == heading

@@ -92,8 +92,8 @@ def test_console_script_runs():
 
 
 #: The lessons' front door (the course layer, above the lab): each takes the lab when ``WHERE`` is the lab.
-LESSON_FRONT_DOOR = {"lessondata.py", "lessonfiles.py", "lessonlayouts.py", "lessonshards.py", "lessontraining.py",
-                     "lessonau.py"}
+LESSON_FRONT_DOOR = {"lessondata.py", "lessondrive.py", "lessonfiles.py", "lessonlayouts.py", "lessonshards.py",
+                     "lessontraining.py", "lessonau.py"}
 
 
 def _imports(py):

@@ -257,3 +257,20 @@ def test_first_vs_repeat_on_callers_axes():
 def test_missing_columns_is_an_error():
     with pytest.raises(ValueError, match="MBps"):
         first_vs_repeat(pd.DataFrame({"method": ["local"]}))
+
+
+@pytest.mark.parametrize("lo, hi, labelled", [(3.0, 6.0, {"3", "4", "5", "6"}), (2.0, 80.0, {"5", "10", "20", "50"})])
+def test_a_log_axis_within_a_decade_labels_every_whole_step(lo, hi, labelled):
+    """Values of 3.5-4.6 s must be readable off the axis: a span under a decade labels 2, 3, ... 9."""
+    import matplotlib.pyplot as plt
+
+    from dataferry.plots import log_axis
+
+    fig, ax = plt.subplots()
+    ax.set_ylim(lo, hi)
+    log_axis(ax)
+    fig.canvas.draw()
+    shown = {t.get_text() for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
+             if t.get_text() and lo <= t.get_position()[1] <= hi}
+    plt.close(fig)
+    assert labelled <= shown and ("3" in shown) is (hi / lo < 10)

@@ -30,6 +30,8 @@ LEAD = 1.2
 #: Accelerator utilisation at which reading no longer holds training back (MLPerf Storage's threshold for
 #: ResNet-50 and U-Net3D).
 AU_TARGET = 0.9
+#: Two readers' median AU within this of each other are tied.
+AU_TIE = 0.02
 
 Say = Callable[[str], Any]
 
@@ -243,11 +245,19 @@ class Findings:
         for key, g in later.groupby(keys):
             best = g.groupby("method")["au"].median().sort_values(ascending=False)
             method, au = best.index[0], best.iloc[0]
+            top = [m for m, v in best.items() if v >= au - AU_TIE]  # readers within a tie of the best
             bound = g[g["method"] == method]["bound_by"].mode().iloc[0]
-            verdict = (": reading was no longer the limit, as the post said." if bound == "compute" and au >= AU_TARGET
-                       else ": reading still held training back." if bound == "loader" else
-                       ": these epochs cannot say whether reading was still the limit.")
-            say(f"   - {', '.join(map(str, key))}: after epoch 1 the best reader ({method}) kept the accelerator busy "
+            if bound == "compute" and au >= AU_TARGET:
+                verdict = ": reading was no longer the limit, as the post said."
+            elif bound == "loader" and "local" in best.index and best["local"] >= au - AU_TIE:
+                verdict = (f": local disk, with nothing to fetch, reached {best['local']:.0%}, as much, so the loader's "
+                           "own work (its workers, decoding), not reading, held training back: the post's other factors.")
+            elif bound == "loader":
+                verdict = ": reading still held training back."
+            else:
+                verdict = ": these epochs cannot say whether reading was still the limit."
+            who = f"best reader ({method})" if len(top) == 1 else f"best readers ({', '.join(top)}, tied)"
+            say(f"   - {', '.join(map(str, key))}: after epoch 1 the {who} kept the accelerator busy "
                 f"{au:.0%} of the time, bound by {bound}{verdict}")
 
     def _second_read(self, say: Say) -> None:

@@ -308,6 +308,13 @@ class Course:
 
         return pooled_runs(self, extra, shipped, **options)
 
+    def drive(self, n: int, size: int, **where: Any) -> Any:
+        """Google Drive in Colab (Google asks), else a stand-in that says why: see
+        :func:`dataferry.lessondrive.drive_files`."""
+        from dataferry.lessondrive import drive_files
+
+        return drive_files(self, n, size, **where)
+
     def files(self, n: int, size: int, **where: Any) -> Any:
         """Files in a bucket to mount and measure: see :func:`dataferry.lessonfiles.lesson_files`."""
         from dataferry.lessonfiles import lesson_files
@@ -339,6 +346,8 @@ class Course:
         import pandas as pd
 
         path = self.results_dir / name
+        if len(rows) == 0:
+            return path  # nothing measured: no header without rows
         path.parent.mkdir(parents=True, exist_ok=True)
         table = pd.DataFrame(rows).assign(**columns, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         table.to_csv(path, mode="a", header=not path.exists(), index=False)

@@ -31,9 +31,11 @@ LAB_METHODS = ("local", "gcsfuse", "gcsfuse-serial", "gcsfuse-cache", "api-seria
 #: How many files at once a parallel method reads (and api-parallel downloads): a DataLoader with workers
 #: reads a mount in parallel, so folder methods are read as wide as the API's; "-serial" reads one at a time.
 PARALLEL_WORKERS = 16
-FOLDER_METHODS = ("local", "folder", "gcsfuse", "gcsfuse-cache")
+#: "drive": a folder on a Google Drive mount, whose daemon keeps what it read: its first read cannot be told
+#: cold (what Drive keeps is not visible) and its re-reads after a verified eviction are daemon_warm.
+FOLDER_METHODS = ("local", "folder", "drive", "gcsfuse", "gcsfuse-cache")
 SERIAL = "-serial"
-KNOWN_METHODS = (*LAB_METHODS, "folder", *(m + SERIAL for m in FOLDER_METHODS if m + SERIAL not in LAB_METHODS))
+KNOWN_METHODS = (*LAB_METHODS, "folder", "drive", *(m + SERIAL for m in FOLDER_METHODS if m + SERIAL not in LAB_METHODS))
 
 
 def check_methods(methods: Sequence[str], known: Sequence[str]) -> None:
@@ -101,10 +103,11 @@ class _Pass:
     def evicted(self, paths: Iterable[Path], warm_state: str | None = None) -> tuple[str, str]:
         """Evict the page cache and say which state the next reads are in, and how eviction went:
         ``warm_state`` where another layer still holds the data (gcsfuse's file cache, a local
-        copy), else cold_verified / cold_unverified from mincore."""
+        copy), else cold_verified / cold_unverified from mincore. An eviction that could not be verified
+        leaves cold_unverified whatever ``warm_state`` says: the reads may come from RAM."""
         report = evict(list(paths))
         how = f"{report.method}; {report.still_resident} of {report.files} files still resident"
-        return (warm_state or report.cache_state), how
+        return (warm_state if warm_state and report.cache_state == "cold_verified" else report.cache_state), how
 
 
 @contextlib.contextmanager
@@ -154,11 +157,12 @@ def _folder_pass(p: _Pass, method: str, st: dict[str, Any], order: list[str], fi
     t = p.target
     base = method.removesuffix(SERIAL)
     width = 1 if method.endswith(SERIAL) else PARALLEL_WORKERS
-    root = {"local": t.local_copy, "folder": t.folder}.get(base) or st["root"] / t.prefix
+    root = {"local": t.local_copy, "folder": t.folder, "drive": t.folder}.get(base) or st["root"] / t.prefix
     paths = {n: root / n for n in order}
     if first:
         _timed_list(p, lambda: walk(root), common)
-    state, how = p.evicted(paths.values(), "daemon_warm" if base == "gcsfuse-cache" and not first else None)
+    kept = "daemon_warm" if base in ("gcsfuse-cache", "drive") and not first else None
+    state, how = p.evicted(paths.values(), "cold_unverified" if base == "drive" and first else kept)
     t0 = time.perf_counter_ns()
     p.read_files(paths, state, how, width, **common)
     return time.perf_counter_ns() - t0, width, state

@@ -8,7 +8,7 @@ from typing import Any
 from dataferry.feed import PREFETCH_FACTOR
 from dataferry.findings import MIN_REPEATS, Conclusion
 
-__all__ = ["MLPERF", "target_for", "steady", "utilisation", "decoding"]
+__all__ = ["where_said", "MLPERF", "target_for", "steady", "utilisation", "decoding"]
 
 #: MLPerf Storage's AU thresholds by workload: a storage system passes when the accelerators stay busy at
 #: least this share of the time (ResNet-50 and U-Net3D 90%, CosmoFlow 70%).
@@ -86,7 +86,14 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
                     "CPUs) is the limit, and this run does not tell them apart.")
     if repeats < 5:
         said.append(f"Only {repeats} run(s) of every method: these medians say little (the course's rule is at least 5).")
-    return Conclusion(region, said)
+    return Conclusion(where_said(region), said)
+
+
+def where_said(region: str) -> str:
+    """A run's heading: ``lab:<profile>`` as it is, a cloud region named as one, an unknown one said so."""
+    if region.startswith("lab:"):
+        return region
+    return f"region {region}" if region and region != "unknown" else "region not found"
 
 
 def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclusion:

@@ -23,7 +23,9 @@ def _compare(place: str, straight: Sequence[float], safe: Sequence[float]) -> st
                 "run cannot tell them apart.")
     ratio = mc / ms
     if ratio > SAME_WITHIN:
-        return (f"{head}: {ratio:.2f}x, most likely the price of the local write and the read-back that make a save "
+        check = ("checking the CRC32C the bucket computed (nothing is read back)" if "bucket" in place else
+                 "reading the copy back to check it")
+        return (f"{head}: {ratio:.2f}x, most likely the price of the local write and of {check}, which make a save "
                 "a failure cannot tear.")
     if ratio < 1 / SAME_WITHIN:
         return (f"{head}: {ratio:.2f}x, most likely because one local write and a copy in large blocks beat "

@@ -6,12 +6,14 @@ from typing import Any
 
 from dataferry.findings import Conclusion, interval, judged, mb
 
-__all__ = ["FASTER", "STARTUP", "serial_vs_parallel", "copies", "faults"]
+__all__ = ["FASTER", "STARTUP", "TRANSFER", "serial_vs_parallel", "copies", "faults"]
 
 #: Parallel downloads whose whole interval is this much faster than one by one are "faster".
 FASTER = 1.5
 #: The CLI's one-object floor at this share of its whole copy or more: its MB/s measures its start-up.
-STARTUP = 0.5
+STARTUP = 0.6
+#: ... at this share or less: the transfer took most of its time (between the two: about half each).
+TRANSFER = 0.4
 
 
 def serial_vs_parallel(rows: Any, where: str, workers: int, file_bytes: int | None, profile: Any,
@@ -33,7 +35,7 @@ def serial_vs_parallel(rows: Any, where: str, workers: int, file_bytes: int | No
         moving = file_bytes / (profile.bandwidth_MBps * 1e6) * 1e3 if profile.bandwidth_MBps else 0.0
         waiting = max(0.0, 1 - moving / per_file.median())
         said.append(f"Each one-by-one download took a median {per_file.median():.0f} ms; moving {file_bytes / 2**10:.0f} "
-                    f"KiB at the profile's {profile.bandwidth_MBps or 'unlimited'} MB/s takes {moving:.0f} ms, so about "
+                    f"KiB at the profile's {profile.bandwidth_MBps or 'unlimited'} MB/s per connection takes {moving:.0f} ms, so about "
                     f"{waiting:.0%} of it was waiting (the profile's round trip is {profile.rtt_ms:g} ms): the part "
                     "parallel downloads overlap.")
     if where.startswith("lab:"):
@@ -60,7 +62,9 @@ def copies(rows: Any, floor_s: float, where: str, files: int, total_bytes: int) 
         said.append(f"The CLI copying one object took {floor_s:.2f} s, {share:.0%} of its {whole:.2f} s for all "
                     f"{files} files: " + ("at this size its MB/s measures mostly the CLI starting, not the transfer; "
                                           "copy more data per call to see its throughput." if share >= STARTUP else
-                                          "the transfer, not the start-up, took most of its time."))
+                                          "the transfer, not the start-up, took most of its time." if share <= TRANSFER
+                                          else "starting and transferring took about half of it each, so its MB/s "
+                                          "understates the transfer; copy more data per call to see its throughput."))
     return Conclusion(where, said)
 
 

@@ -78,15 +78,15 @@ def layouts(rows: Any, where: str, *, files: int, large: int, s_file: float, s_l
                                                    else ": they did not add up; one fix alone reached the limit here."))
     balance = latency * bandwidth
     said.append(f"Balance size (latency x bandwidth): {mb(balance)}; objects of {mb(9 * balance)} or more spend 90% of "
-                f"their time moving bytes, and the {big} here were {mb(s_large)} each"
+                f"their time moving bytes, and the {big} here were {mb(s_large)} each on average"
                 + (": under a lab profile this shows the method, not a size for your cloud." if profile is not None
                    else "."))
     lists = rows[rows["kind"] == "list"].groupby("how")[["seconds", "requests"]].median()
     pages, seconds = lists.loc["list files", "requests"], lists.loc["list files", "seconds"]
     said.append(f"Listing the files' folder (every object under it) took {pages:.0f} request(s) in {seconds:.2f} s, "
                 f"and the {big} {lists.loc[f'list {big}', 'requests']:.0f}; GCS lists 1000 objects a page, pages one "
-                f"after another: a million files take 1000 pages, about {1000 * seconds / max(pages, 1):.0f} s at "
-                "this run's time per page.")
+                f"after another: a million files take 1000 pages, at least {1000 * seconds / max(pages, 1):.0f} s at "
+                "this run's time per page (a full page holds more than this run's may have).")
     if not shards and (locations[0] != locations[1] or "unknown" in locations):
         said.append("The small files and the large objects sit in different (or unknown) locations, so the fit mixes "
                     "two links: read its latency and bandwidth as rough.")

@@ -97,8 +97,9 @@ def copies(rows: Any, files: int, trained_MBps: float | None, where: str) -> Con
                      else f"the one-by-one copy was {1 / r:.2f}x faster here." if r < 1 / 1.1
                      else f"only {r:.2f}x apart: no clear gain from parallel staging in this run."))
     if {("dataferry", False), ("api-parallel", False)} <= set(med.index):
-        said.append(f"transfer_manager's 16 threads read it first at {med[('api-parallel', False)]:.1f} MB/s: the "
-                    "same parallel downloads, without the cache's copies and checks.")
+        said.append(f"transfer_manager, 16 threads each downloading one file at a time, read it first at "
+                    f"{med[('api-parallel', False)]:.1f} MB/s; dataferry's staging keeps every file's download in "
+                    f"flight at once (up to 256), on one thread.")
     if {("dataferry", True), ("api-parallel", True)} <= set(med.index):
         cached, plain = med[("dataferry", True)], med[("api-parallel", True)]
         said.append(f"Re-read from local disk, as many at a time: through the cache {cached:.0f} MB/s, a plain copy "
@@ -106,7 +107,7 @@ def copies(rows: Any, files: int, trained_MBps: float | None, where: str) -> Con
                     ("reading through the cache cost little." if cached >= COSTS_LITTLE * plain else
                      "the cache's checks and index cost something here."))
         if trained_MBps is not None:
-            said.append(f"Training epochs after the first ran at {trained_MBps:.0f} MB/s: "
+            said.append(f"Training epochs after the first ran at {trained_MBps:.1f} MB/s: "
                         + ("the limit was the training loop (workers, decoding, the model), not the disk."
                            if trained_MBps < 0.5 * cached else "close to the speed of reading the disk."))
     return Conclusion(where, said)

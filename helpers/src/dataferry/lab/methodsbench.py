@@ -83,8 +83,9 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
                 "profiles": {n: {"rtt_ms": PROFILES[n].rtt_ms, "bandwidth_MBps": PROFILES[n].bandwidth_MBps,
                                  "assumption": PROFILES[n].assumption} for n in profiles},
                 "gcsfuse": {"version": lab.status()["gcsfuse"].get("version"),
-                            "flags": "--implicit-dirs --anonymous-access --custom-endpoint <lab>; file cache: "
-                                     "--cache-dir <empty dir>, max-size-mb -1"},
+                            "flags": "--implicit-dirs --anonymous-access --custom-endpoint <lab>"
+                                     + ("; gcsfuse-cache adds --cache-dir <empty dir>, max-size-mb -1"
+                                        if "gcsfuse-cache" in methods else "")},
                 "lab_tools": lab.status()["tools"]}
         results = Results(out, meta)
         say(f"comparing {', '.join(methods)} over {n_files} x {file_bytes / MiB:g} MiB, {passes} passes, "

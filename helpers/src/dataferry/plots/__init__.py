@@ -21,14 +21,16 @@ the last expression of a notebook cell, and loops that draw many figures do not 
 from dataferry.plots.figures import (NO_DATA, Y_LABEL, au_by_method, by_region, by_runtime, first_vs_repeat,
                                      log_axis, per_epoch, save, standard_figures)
 from dataferry.plots.dots import finish, medians_and_dots
-from dataferry.plots.lessons import (cache_budget, epoch_times, gcsfuse_knobs, layouts, save_times,
-                                     shards_disk_and_network, warm_vs_cold)
+from dataferry.plots.lessons import (archive_times, cache_budget, epoch_times, gcsfuse_knobs, layouts,
+                                     listing_times, save_times, shards_disk_and_network, warm_vs_cold)
 from dataferry.plots.palette import METHOD_ORDER, method_palette
 from dataferry.plots.settings import LAB_NOTE, LAB_REGIONS_BY_DISTANCE, PASS_KINDS, box_provenance, region_order
 
 __all__ = [
     "METHOD_ORDER",
+    "archive_times",
     "cache_budget",
+    "listing_times",
     "epoch_times",
     "gcsfuse_knobs",
     "layouts",

@@ -377,13 +377,15 @@ def _boxes(ax: Axes, data: pd.DataFrame, panel: str, x_col: str, x_levels: list[
 
 def log_axis(ax: Axes) -> None:
     """A log y axis labelled in plain numbers (``20``, not ``2 x 10^1``): every decade, and the 2s and
-    5s between them when the axis spans less than two decades. Call after the limits are set."""
+    5s between them when the axis spans less than two decades (every whole step within one). Call after the
+    limits are set."""
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     plain = mticker.FuncFormatter(lambda v, _: f"{v:g}")
     ax.yaxis.set_major_formatter(plain)
-    if np.log10(hi / lo) < 2:
-        ax.yaxis.set_minor_locator(mticker.LogLocator(subs=(2.0, 5.0)))
+    if np.log10(hi / lo) < 2:  # within a decade or so, every whole step (3, 4, 5 ...) so values can be read off
+        ax.yaxis.set_minor_locator(mticker.LogLocator(subs=(2.0, 5.0) if np.log10(hi / lo) >= 1 else
+                                                      tuple(float(k) for k in range(2, 10))))
         ax.yaxis.set_minor_formatter(plain)
     else:
         ax.yaxis.set_minor_formatter(mticker.NullFormatter())

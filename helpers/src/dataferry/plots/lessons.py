@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from dataferry.cache.counters import CacheStats
 
-__all__ = ["cache_budget", "epoch_times", "gcsfuse_knobs", "layouts", "save_times", "shards_disk_and_network", "warm_vs_cold"]
+__all__ = ["archive_times", "cache_budget", "epoch_times", "listing_times", "gcsfuse_knobs", "layouts", "save_times", "shards_disk_and_network", "warm_vs_cold"]
 
 
 def cache_budget(usage: Sequence[int], budget: int, data_bytes: int, passes: Sequence[CacheStats],
@@ -202,4 +202,50 @@ def epoch_times(epochs: pd.DataFrame, title: str, lab: bool) -> Figure:
     ax.set_ylabel("seconds per epoch, log scale\n(lines: median; dots: each run)")
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return finish(fig, lab=lab)
+
+
+def listing_times(listed: pd.DataFrame, title: str, lab: bool) -> Figure:
+    """Lesson 01: milliseconds per listing of one folder, by way and by pass (first listing, listing again), on a
+    log axis (lines: medians; dots: each listing)."""
+    import matplotlib.pyplot as plt
+
+    from dataferry.plots.dots import finish, medians_and_dots
+
+    passes = {1: "first listing", 2: "listing again"}
+    title = f"{title}: one folder of {str(listed['file'].iloc[-1]).strip('()').split()[0]} files" if len(listed) else title
+    rows = listed.assign(label=listed["method"] + "\n" + listed["pass"].map(passes))
+    order = [f"{way}\n{passes[p]}" for p in (1, 2) for way in dict.fromkeys(listed["method"])
+             if ((listed["pass"] == p) & (listed["method"] == way)).any()]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    plt.close(fig)
+    medians_and_dots(ax, rows, "ms", by="label", order=order,
+                     colours={o: "tab:blue" if o.startswith("os.scandir") else "tab:orange" for o in order})
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_ylabel("milliseconds per listing, log scale\n(lines: median; dots: each listing)")
+    ax.set_title(title, fontsize=10)
+    return finish(fig, lab=lab)
+
+
+def archive_times(archives: pd.DataFrame, title: str, lab: bool) -> Figure:
+    """Lesson 01: seconds until every byte is local and read once, by way: each archive copied and extracted, the
+    files through the mount, staging (lines: medians; dots: each repetition)."""
+    import matplotlib.pyplot as plt
+
+    from dataferry.plots.dots import finish, medians_and_dots
+
+    if archives.empty:
+        fig, ax = plt.subplots(figsize=(8, 1.2))
+        plt.close(fig)
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"{title}: no archive was compared in this run", ha="center", va="center", fontsize=9)
+        return fig
+    order = sorted(dict.fromkeys(archives["way"]), key=lambda w: (":" not in w, w != "files through the mount", w))
+    colours = {w: "tab:purple" if ":" in w else "tab:green" if w == "dataferry stage" else "tab:orange" for w in order}
+    fig, ax = plt.subplots(figsize=(8, 4))
+    plt.close(fig)
+    medians_and_dots(ax, archives, "seconds", order=order, colours=colours)
+    ax.set_xticks(range(len(order)), order, rotation=15, ha="right")
+    ax.set_ylabel("seconds until every byte is local and read once\n(lines: median; dots: each repetition)")
+    ax.set_title(title, fontsize=10)
     return finish(fig, lab=lab)

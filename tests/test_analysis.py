@@ -106,10 +106,12 @@ def _train(method, au, bound, epoch=2, region="lab:colocated"):
      "limit, as the post said."),
     ([_train("dataferry", 0.89, "compute")], "these epochs cannot say whether reading was still the limit."),
     ([_train("dataferry", 0.95, "loader")], "bound by loader: reading still held training back."),
-    ([_train("dataferry", 0.95, "loader"), _train("local", 0.90, "loader")], "reading still held training back."),
+    ([_train("dataferry", 0.90, "loader"), _train("local", 0.95, "loader")], "reading still held training back."),
+    ([_train("cache", 0.10, "loader"), _train("stage", 0.10, "loader"), _train("local", 0.07, "loader")],
+     "local disk, with nothing to fetch, reached 7%, no more, so the loader's own work"),
     ([_train("cache", 0.11, "loader"), _train("stage", 0.109, "loader"), _train("local", 0.093, "loader")],
      "best readers (cache, stage, local, tied) kept the accelerator busy 11% of the time, bound by loader: local disk, "
-     "with nothing to fetch, reached 9%, as much, so the loader's own work (its workers, decoding), not reading, held "
+     "with nothing to fetch, reached 9%, no more, so the loader's own work (its workers, decoding), not reading, held "
      "training back: the post's other factors."),
     ([_train("dataferry", 0.95, "compute", epoch=1)], None),
 ])

@@ -162,3 +162,14 @@ def test_a_long_first_wait_makes_a_short_epoch_loader_bound_though_its_steady_st
     assert report.steady_au == pytest.approx(0.27 / 0.31) and report.to_dict()["steady_au"] == report.steady_au
     prefetched = EpochReport(1, "emulated", 4, 128, 1.0, 0.36, 1, [0.6, 0.01, 0.01, 0.01], fill_steps=9)
     assert prefetched.steady_au != prefetched.steady_au, "four workers fetched every batch ahead: no steady state"
+
+
+def test_the_emulated_accelerator_is_busy_for_the_compute_it_emulates_not_the_sleeps_overshoot():
+    """Steps of 0.45 ms (16 samples at 35,000/s): a sleep overshoots by a good share of that, and counting the
+    overshoot as compute read AU 9% where samples/s gave 7.6%."""
+    profile = ComputeProfile("fast", "none", "sleep", 35_000, 16, "this test")
+    compute = EmulatedCompute(profile)
+    compute.begin_epoch()
+    for _ in range(20):
+        compute.step(torch.zeros(16, 3))
+    assert compute.end_epoch() == [profile.step_s(16)] * 20

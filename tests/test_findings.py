@@ -476,7 +476,7 @@ def _reader_runs(wds_seconds, repeats=3):
 
 
 @pytest.mark.parametrize("wds_seconds, cleanup, words", [
-    (2.0, 30.0, "it never cleaned up during them"), (31.0, 30.0, "past its 30 s clean-up interval")])
+    (2.0, 30.0, "grew past the budget unchecked"), (31.0, 30.0, "past its 30 s clean-up interval")])
 def test_webdatasets_clean_up_interval_is_set_against_its_epochs(wds_seconds, cleanup, words):
     from dataferry.findings import shards
 
@@ -703,3 +703,11 @@ def test_an_au_conclusion_is_headed_by_a_lab_profile_a_region_or_that_none_was_f
 
     said = au.utilisation(_au_rows({"local": [0.95] * 5}), PROFILES["resnet50-v100-fp32"], region, ["local"], 5, 32)
     assert said.where == heading
+
+
+def test_the_decoding_conclusion_is_headed_by_a_region_or_that_none_was_found():
+    import pandas as pd
+
+    from dataferry.findings import au
+
+    assert au.decoding(pd.DataFrame([{"decoder": "pil", "epoch": 1}]), 2, 2, "x", "unknown").where == "region not found"

@@ -56,7 +56,7 @@ def _reads(first, again, method="gcsfuse-cache", passes=2, state="daemon_warm"):
 def test_a_re_read_is_said_local_from_twice_the_first_reads_speed(factor, local):
     first = [10.0, 10.2, 9.8, 10.1, 9.9]
     said = drive.first_vs_repeat(_reads(first, [f * factor for f in first]), WHERE, False, True, 5)
-    assert ("gcsfuse's file cache on local disk" in said.sentences[0]) is local
+    assert ("gcsfuse's file cache on the runtime" in said.sentences[0]) is local
     assert ("every epoch crosses the network again" in said.sentences[0]) is not local
     assert "this stand-in does not model" in said.sentences[1], "the post's 1000x is Drive's, not the stand-in's"
 

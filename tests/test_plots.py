@@ -274,3 +274,20 @@ def test_a_log_axis_within_a_decade_labels_every_whole_step(lo, hi, labelled):
              if t.get_text() and lo <= t.get_position()[1] <= hi}
     plt.close(fig)
     assert labelled <= shown and ("3" in shown) is (hi / lo < 10)
+
+
+def test_the_au_figure_keeps_a_linear_percent_axis_when_a_panel_has_no_rows():
+    """One compute profile run in one region only: its empty panel says so and leaves the shared axis 0-105%."""
+    import warnings
+
+    import pandas as pd
+
+    from dataferry.plots import au_by_method
+
+    rows = pd.DataFrame([{"phase": "train", "error": "", "pass": p, "method": "cache", "au": 0.5, "region": r,
+                          "compute_profile": c, "lesson": "08", "runtime": "cpu", "bytes": 1, "samples": 1}
+                         for p in (1, 2) for r, c in (("lab:near", "a"), ("lab:near", "b"), ("lab:far", "a"))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = au_by_method(rows)
+    assert all(ax.get_yscale() == "linear" and ax.get_ylim() == (0, 105) for ax in fig.axes)

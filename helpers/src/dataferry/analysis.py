@@ -32,6 +32,8 @@ LEAD = 1.2
 AU_TARGET = 0.9
 #: Two readers' median AU within this of each other are tied.
 AU_TIE = 0.02
+#: Fewer later epochs than this of a reader in a setting are said to be too few.
+AU_MIN_RUNS = 3
 
 Say = Callable[[str], Any]
 
@@ -247,18 +249,22 @@ class Findings:
             method, au = best.index[0], best.iloc[0]
             top = [m for m, v in best.items() if v >= au - AU_TIE]  # readers within a tie of the best
             bound = g[g["method"] == method]["bound_by"].mode().iloc[0]
+            fetched = best.drop("local", errors="ignore")  # the readers that fetch; local disk is the reference
             if bound == "compute" and au >= AU_TARGET:
                 verdict = ": reading was no longer the limit, as the post said."
-            elif bound == "loader" and "local" in best.index and best["local"] >= au - AU_TIE:
-                verdict = (f": local disk, with nothing to fetch, reached {best['local']:.0%}, as much, so the loader's "
+            elif bound == "loader" and "local" in best.index and len(fetched) and \
+                    best["local"] <= fetched.iloc[0] + AU_TIE:
+                verdict = (f": local disk, with nothing to fetch, reached {best['local']:.0%}, no more, so the loader's "
                            "own work (its workers, decoding), not reading, held training back: the post's other factors.")
             elif bound == "loader":
                 verdict = ": reading still held training back."
             else:
                 verdict = ": these epochs cannot say whether reading was still the limit."
+            runs = int(g.groupby("method").size().min())
+            few = f" From {runs} run(s) of a reader here: too few to be sure." if runs < AU_MIN_RUNS else ""
             who = f"best reader ({method})" if len(top) == 1 else f"best readers ({', '.join(top)}, tied)"
             say(f"   - {', '.join(map(str, key))}: after epoch 1 the {who} kept the accelerator busy "
-                f"{au:.0%} of the time, bound by {bound}{verdict}")
+                f"{au:.0%} of the time, bound by {bound}{verdict}{few}")
 
     def _second_read(self, say: Say) -> None:
         say(f"   More specifically, the post found the second read {post_quote('second_read')}, while "

@@ -36,6 +36,8 @@ from dataferry.sources import DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, 
 __all__ = ["Cache", "CacheStats"]
 
 T = TypeVar("T")
+#: Reads of a copy that other processes evicted before it could be checked, before giving up: no disk fault.
+UNVOUCHED_READS = 20
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -270,7 +272,8 @@ class Cache:
         """Every read back is checked, even of a copy filled a moment ago: the fill checked the bytes it
         received, and a failing disk can still return others."""
         key = self.key(source, entry)
-        for _ in range(self.max_refetches + 1):
+        mismatches = unvouched = 0
+        while mismatches <= self.max_refetches:
             expected = self._known_crc(entry, key, wait=False)
             data, streamed = self._read(source, entry)
             if streamed:
@@ -278,6 +281,14 @@ class Cache:
             expected = expected or self._known_crc(entry, key) or self._settled_crc(key)  # filled by this read
             if expected is not None and b64(google_crc32c.value(data)) == expected:
                 return data
+            if expected is None:  # another process evicted the copy and its row after we read it: nothing to
+                unvouched += 1  # check the bytes against, which says nothing about the disk: read it again
+                if unvouched > UNVOUCHED_READS:
+                    raise CacheFolderError(errno.EAGAIN, f"{where(source, printable(entry.name))}: other processes "
+                                           f"evicted its copy before it could be checked, {unvouched} times: the "
+                                           f"cache {self.root} is too small for the readers sharing it; raise max_bytes")
+            else:
+                mismatches += 1  # bytes other than the ones written and checked: the disk
             self._index.discard(key)
             self._counters.add(refetches=1)
         raise self._damaged_on_disk(source, entry)

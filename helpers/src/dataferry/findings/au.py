@@ -102,6 +102,8 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
     said as such."""
     from dataferry.bench.decoders import decoder_gains
 
+    where = where_said(where)
+
     later = rows[rows["epoch"] > 1].groupby("decoder", sort=False)
     if not len(later):
         return Conclusion(where, ["DECODE_EPOCHS is 1: every epoch measured started its workers; raise it to 2 or "

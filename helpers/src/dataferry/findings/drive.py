@@ -87,8 +87,9 @@ def first_vs_repeat(rows: Any, where: str, on_drive: bool, fresh: bool, repeats:
                "(but the page cache could not be checked empty: RAM may have served part of it)")
     served = (f"Drive's daemon kept the files on the runtime itself {evicted}. What it keeps, and for how long, "
               "Google does not document." if on_drive else
-              f"the re-read came from gcsfuse's file cache on local disk {evicted}, not from the network: epoch 2 "
-              "onwards runs at local-disk speed, and what stays slow is epoch 1.")
+              f"the re-read came from gcsfuse's file cache on the runtime {evicted}, not from the network: its files "
+              "on local disk, or the kernel's copy of them in RAM. Epoch 2 onwards needs no network; what stays slow "
+              "is epoch 1.")
     said = [f"{speeds}, " + _judged(*_interval(again, first), LOCAL_REPEAT, served,
                                     "nothing local served the re-read: every epoch crosses the network again.",
                                     " the first read's speed", n=len(again) if on_drive else min(len(first), len(again)))]

@@ -62,17 +62,17 @@ def readers(where: str, summary: dict[str, Any], runs: dict[str, list[dict[str, 
                         + ("." if low > 1 else ": an interval that takes in 1, so not told apart here."))
         said.append("Served by the bucket per later epoch (median): "
                     + ", ".join(f"{m} {summary[m]['later_served_MB']:.1f} MB" for m in ranked) + ".")
-    said.append("Most cached data on disk, over the budget: "
+    said.append("Most cached data on disk in any run, over the budget: "
                 + ", ".join(f"{m} {s['peak_disk_vs_budget']:.2f}x" for m, s in summary.items()) + ".")
     if "webdataset-cache" in runs and cleanup_s is not None:
         longest = max(e["seconds"] for e in runs["webdataset-cache"])
         if longest < cleanup_s:
-            said.append(f"webdataset's cache cleans up every {cleanup_s:g} s (FileCache's default) and its epochs "
-                        f"lasted {longest:.1f} s at most: it never cleaned up during them, so its disk use is its cache "
-                        "growing unchecked, not a budget it kept.")
+            said.append(f"webdataset's cache cleans up when its folder first passes the budget, then not again for "
+                        f"{cleanup_s:g} s (FileCache's default); its epochs lasted {longest:.1f} s at most, so after "
+                        "each pipeline's first clean-up its disk use grew past the budget unchecked.")
         else:
             said.append(f"webdataset's epochs lasted up to {longest:.1f} s, past its {cleanup_s:g} s clean-up interval: "
-                        "its budget was applied between clean-ups.")
+                        "it cleaned up again within an epoch, so its budget was applied between clean-ups.")
     if repeats < 5:
         said.append(f"Only {repeats} run(s) of each: these medians say little (the course's rule is at least 5).")
     return Conclusion(where, said)

@@ -203,8 +203,10 @@ def au_by_method(rows: pd.DataFrame, methods: Sequence[str] | None = None, targe
     for i, compute in enumerate(computes):
         for j, region in enumerate(regions):
             ax, cell = axes[i][j], ok[(ok["compute_profile"] == compute) & (ok["region"] == region)]
-            if cell.empty:
-                _no_data(ax)
+            ax.set_ylim(0, 105)
+            if cell.empty:  # the y axis is shared: no log scale, no cleared ticks (_no_data's), only the words
+                ax.set_xticks([])
+                ax.text(0.5, 0.5, NO_DATA, transform=ax.transAxes, ha="center", va="center", fontsize=10, color="0.4")
                 continue
             for k, method in enumerate(methods):
                 for later, offset in ((False, -width / 2), (True, width / 2)):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dataferry.errors import BadArgument
 from dataferry.lessondata import crossing, region_label
 
 if TYPE_CHECKING:
@@ -163,6 +164,9 @@ class DriveFiles:
 
         from dataferry.bench import interleave
 
+        unknown = [k for k in kinds if k not in ("zip", "tar")]
+        if unknown:
+            raise BadArgument(f"archive kind {unknown[0]!r}: choose 'zip' or 'tar'")
         if self.no_archive:
             return pd.DataFrame()
         packed = self._packed(kinds, work)
@@ -187,10 +191,6 @@ class DriveFiles:
         digest = hashlib.sha256("\n".join(self.names).encode()).hexdigest()[:10]
         out = {}
         for kind in kinds:
-            if kind not in ("zip", "tar"):
-                from dataferry.errors import BadArgument
-
-                raise BadArgument(f"archive kind {kind!r}: choose 'zip' or 'tar'")
             name = f"archives/data-{digest}.{kind}"
             if self.archive_folder is not None:
                 name = str(self.archive_folder / Path(name).name)  # absolute: the mount's folder / it is itself
@@ -306,8 +306,6 @@ def _your_folder(folder: Path, n: int, seed: int) -> tuple[list[str], str]:
     """``n`` files drawn from your Drive folder, and the folder in it holding the most files to list."""
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     if not files:
-        from dataferry.errors import BadArgument
-
         raise BadArgument(f"DRIVE_FOLDER {folder} holds no files: give a folder of your data on the mounted Drive")
     counts: dict[str, int] = {}
     for name in files:
@@ -324,8 +322,6 @@ def _on_drive(course: Course, n: int, listing: int, seed: int, folder: str, buck
     if folder:
         root = Path(folder)
         if not root.is_dir():
-            from dataferry.errors import BadArgument
-
             raise BadArgument(f"DRIVE_FOLDER {folder} is not a folder on the mounted Drive: check its path")
         marker = _runtime_marker(root)
         fresh = not marker.exists()
@@ -386,8 +382,6 @@ def drive_files(course: Course, n: int, size: int, *, listing: int = 2000, folde
     from dataferry.mounts import MountError, NotInColab
 
     if n < 1 or listing < 1:
-        from dataferry.errors import BadArgument
-
         raise BadArgument(f"lesson 01 reads at least one file and lists at least one: n={n}, listing={listing}")
     if course.where == "lab":
         return _stand_in(course, n, size, listing, seed, bucket, prefix, profile,

@@ -55,6 +55,7 @@ bench-shards: tools
 	MPLBACKEND=Agg $(VENV)/bin/dataferry bench-shards --out build/bench/shards.json
 
 bench-train: tools
+	$(PY) -m pip install --quiet -e "./helpers[all,feed-peers]"
 	$(VENV)/bin/dataferry bench-train --out build/bench/train.json
 
 bench-lab: tools

@@ -213,6 +213,7 @@ def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(t
         for d in ("pil", "pil-reduced", "torchvision"):
             assert {("imagefolder-local", d, w), ("cache-cold", d, w), ("cache-warm", d, w)} <= readers
         assert {("decode-once-cold", "pil@256", w), ("decode-once-warm", "pil@256", w)} <= readers
+        assert ("limit-in-memory", "pixels@256", w) in readers, "this machine's limit: decoded pixels in RAM"
     for r in got["rows"]:
         assert r["samples_per_s"] > 0 and 0 < r["au"] <= 1.05 and 0 <= r["wait_share"] <= 1, r
     assert got["decode_once_vs_jpeg_warm"] > 0 and got["cold_epoch_vs_plain_read"] > 0
@@ -224,7 +225,23 @@ def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(t
     else:
         assert got["mounted_prefetch_gain"] is None and "not measured (no gcsfuse)" in stdout
     assert "mounted_prefetch_gain" in stdout
-    assert set(got["goals"]) == {"decode_once_vs_jpeg_warm", "cold_epoch_vs_plain_read"}
+    assert set(got["goals"]) == {"decode_once_vs_jpeg_warm", "decode_once_vs_limit", "decode_once_vs_best_peer",
+                                 "jpeg_cache_vs_best_peer", "cold_epoch_vs_plain_read"}
+    from dataferry.decode import DECODERS
+
+    assert set(got["stage_us"]) == {*(f"cache-warm {d}" for d in DECODERS), "decode-once-warm pil@256",
+                                    "limit-in-memory pixels@256"}
+    assert all(got["stage_us"][p]["augment"] > 0 and got["stage_us"][p]["collate"] > 0 for p in got["stage_us"])
+    assert got["stage_us"]["cache-warm pil"]["decode"] > got["stage_us"]["decode-once-warm pil@256"]["decode"]
+    assert "| pipeline | read | decode | augment | collate | hand-over and the rest |" in stdout
+    from dataferry.lab.feedpeers import missing
+
+    top, gone = widths[-1], missing()
+    assert got["peers_missing"] == gone and got["decode_once_vs_best_peer"] > 0 and got["jpeg_cache_vs_best_peer"] > 0
+    if gone:  # CI: the feed's peers are make bench-train's extra; ImageFolder is a peer everywhere
+        assert f"not measured: {', '.join(gone)}" in stdout
+    else:
+        assert {("litdata", d, top) for d in DECODERS} | {("dali-cpu", "dali", top)} <= readers
     assert all(ms > 0 for ms in got["decode_ms_per_sample"].values())
     assert "| decode-once-warm |" in stdout and "lab:unshaped" in stdout and "decode_once_vs_jpeg_warm" in stdout
 
@@ -260,3 +277,24 @@ def test_the_shard_comparison_summarises_every_repeat_not_the_last():
     assert row["peak_disk_vs_budget"] == 1.5
     fig = plot_shard_epochs(runs, 100, 1000, "lab:test")
     assert sum(len(c.get_offsets()) for c in fig.axes[0].collections) == 6, "a dot for every epoch of every repeat"
+
+
+def test_the_litdata_peer_leaves_the_start_method_and_the_temp_folder_as_they_were(tmp_path):
+    """litdata's optimize sets the process's multiprocessing start method to spawn for good (every later DataLoader
+    then started its workers slower: the next rows of the benchmark ran at a quarter of their speed) and writes
+    into the system's temp folder; the peer puts both back."""
+    import multiprocessing
+
+    pytest.importorskip("litdata")
+    from dataferry.lab.feedpeers import litdata_loader
+    from dataferry.lab.flowers import plan_flowers
+
+    plan_flowers(2, seed=3, prefix="").write_to(tmp_path / "photos")
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)  # one litdata never picks, whatever it detects
+    try:
+        loader = litdata_loader(tmp_path / "photos", tmp_path / "work", len, lambda n: n, 0, 4)
+        assert multiprocessing.get_start_method(allow_none=True) == "forkserver"
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    assert sorted(n for batch in loader for n in batch[1].tolist()) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]

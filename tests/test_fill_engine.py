@@ -240,6 +240,62 @@ def test_a_fill_ahead_from_a_folder_that_waited_on_another_fill_does_nothing_aft
     assert cache.read(source, entry) == b"x" * 1000 and fetched == ["x.bin"]
 
 
+class _CutFolder(LocalSource):
+    """A real folder whose reads fail after ``cut`` bytes ``cuts`` times (``error`` each), then run whole."""
+
+    def __init__(self, root, cut: int, cuts: int, error: Exception) -> None:
+        super().__init__(root)
+        self.cut, self.cuts, self.error, self.starts = cut, cuts, error, []
+
+    def fetch(self, entry, out, start=0, timeout=None):
+        self.starts.append(start)
+        if self.cuts:
+            self.cuts -= 1
+            with open(self.root / entry.name, "rb") as f:
+                f.seek(start)
+                out.write(f.read(self.cut))
+            raise self.error
+        return super().fetch(entry, out, start, timeout)
+
+
+def test_a_fill_from_a_folder_resumes_after_a_blip_and_fails_at_once_on_anything_else(tmp_path):
+    """The first attempt of a fill from a folder runs before any retry policy is built (its cost was most of a
+    small file's fill); a blip still resumes from the bytes received, after the usual pause, and anything else
+    fails the read at once with nothing cached."""
+    (tmp_path / "data").mkdir()
+    data = random.Random(3).randbytes(100_000)
+    (tmp_path / "data" / "x.bin").write_bytes(data)
+    blips = _CutFolder(tmp_path / "data", 30_000, 2, ConnectionResetError(104, "Connection reset by peer"))
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    t0 = time.perf_counter()
+    assert cache.read(blips, "x.bin") == data
+    assert blips.starts == [0, 30_000, 60_000] and cache.stats().retries == 2
+    assert time.perf_counter() - t0 >= 0.1, "a blip is retried after a pause, not at once"
+    broken = _CutFolder(tmp_path / "data", 30_000, 1, ValueError("not a blip"))
+    other = Cache(tmp_path / "c2", min_free_bytes=0)
+    with pytest.raises(ValueError, match="not a blip"):
+        other.read(broken, "x.bin")
+    assert broken.starts == [0] and other.stats().retries == 0 and other.entries() == []
+
+
+def test_a_read_that_fills_its_copy_asks_the_index_for_no_checksum(tmp_path, monkeypatch):
+    """A miss checks the copy it filled against the CRC32C its own fill computed: no query of the index for it
+    (one per file was ~40 us of epoch 1's fill); a hit asks the index, once."""
+    files = _write_folder(tmp_path / "data", 20, seed=4)
+    source = LocalSource(tmp_path / "data")
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    asked = []
+    real = cache._index.stored_crc
+    monkeypatch.setattr(cache._index, "stored_crc", lambda key, wait=True: (asked.append(key), real(key, wait))[1])
+    for e in source.list():
+        assert cache.read(source, e) == files[e.name]
+    assert asked == [], f"{len(asked)} checksum queries for 20 fills"
+    cache._index.flush()  # the fills' rows written (a batch the index writer had not written yet is waited for)
+    for e in source.list():
+        assert cache.read(source, e) == files[e.name]
+    assert len(asked) == 20, "a hit checks against the index's checksum"
+
+
 def _write_folder(root, n: int, seed: int, low: int = 5_000, high: int = 60_000) -> dict[str, bytes]:
     rng = random.Random(seed)
     files = {f"{i % 7}/{i:04d}.bin": rng.randbytes(rng.randint(low, high)) for i in range(n)}

@@ -691,7 +691,18 @@ def test_a_one_core_cost_that_allows_less_than_the_loop_ran_is_said_to_be_a_meas
                "a measurement error" in s for s in said)
     assert not any(s.startswith("pil's one-core cost") for s in said)
     assert any(s.startswith("The fastest was torchvision (") for s in said)
-    assert any(s.startswith("For pil, 2 workers could decode") for s in said)
+    assert any(s.startswith("For pil, 2 workers could decode at") for s in said), "a JPEG decoder decodes"
+
+
+def test_decode_once_is_said_to_crop_and_flip_where_the_others_decode():
+    import pandas as pd
+
+    from dataferry.findings import au
+
+    rows = pd.DataFrame([{"decoder": d, "epoch": e, "samples_per_s": rate, "au": 0.3, "decode_ms_per_sample": ms}
+                         for d, rate, ms in (("pil", 200, 4.0), ("decode-once@256", 400, 0.5)) for e in range(1, 4)])
+    said = au.decoding(rows, 2, 2, "an emulated V100", "lab:x").sentences
+    assert any(s.startswith("For pil, decode-once@256, 2 workers could decode (decode-once: crop and flip;") for s in said)
 
 
 @pytest.mark.parametrize("region, heading", [("lab:same-continent", "lab:same-continent"),

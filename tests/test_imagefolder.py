@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from torchvision import transforms as T  # noqa: E402
 
 from dataferry import Cache, CachedImageFolder, GCSSource, LocalSource  # noqa: E402
+from dataferry.decode import DECODERS, DecodedImages, pixels, record_bytes  # noqa: E402
 from dataferry.errors import BadArgument  # noqa: E402
 from dataferry.feed import small_cnn  # noqa: E402
 from dataferry.lab.flowers import CLASSES, flower_jpeg, plan_flowers  # noqa: E402
@@ -134,13 +135,13 @@ def test_decode_once_keeps_pixels_in_the_cache_verified_and_keyed_by_version_and
     source = LocalSource(tmp_path / "test")
     ds = CachedImageFolder(source, cache, decode_once=64)
     first = [ds[i] for i in range(len(ds))]
-    assert len(calls) == 100 and all(x.shape == (3, 64, 64) and x.dtype == torch.uint8 for x, _ in first)
+    assert len(calls) == 100 and all(min(x.shape[1:]) == 64 and x.dtype == torch.uint8 for x, _ in first)
     assert [t for _, t in first] == ds.targets
     again = [ds[i] for i in range(len(ds))]
     assert len(calls) == 100, "a later epoch decodes nothing"
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(first, again))
     name = ds.samples[5][0]
-    expected = decode.pixels(real((tmp_path / "test" / name).read_bytes(), 64), 64)
+    expected = decode.pixels(real((tmp_path / "test" / name).read_bytes(), 64))
     assert torch.equal(ds[5][0], expected)
     # a byte flipped in the cached pixels: dropped and decoded again, never returned
     path = cache.path(ds.decoded, ds.decoded.entry(ds.entry(5)))
@@ -153,7 +154,66 @@ def test_decode_once_keeps_pixels_in_the_cache_verified_and_keyed_by_version_and
     ds.refresh()
     assert not torch.equal(ds[5][0], expected) and len(calls) == 102
     # another size is another entry
-    assert CachedImageFolder(source, cache, decode_once=32)[5][0].shape == (3, 32, 32) and len(calls) == 103
+    assert min(CachedImageFolder(source, cache, decode_once=32)[5][0].shape[1:]) == 32 and len(calls) == 103
+
+
+def _banded_jpeg(w: int, h: int) -> bytes:
+    """A green picture whose outer 15% of the width is red on both sides."""
+    import numpy as np
+
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:] = (0, 160, 0)
+    band = round(0.15 * w)
+    img[:, :band] = img[:, w - band:] = (230, 0, 0)
+    out = io.BytesIO()
+    Image.fromarray(img).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def _touch_rate(image, crops: int = 2000) -> float:
+    """The share of ``RandomResizedCrop(32)`` crops of ``image`` (a 3 x H x W uint8 tensor) with a red pixel."""
+    from torchvision.transforms import v2
+
+    crop = v2.RandomResizedCrop(32, antialias=True)
+    torch.manual_seed(0)
+    red = 0
+    for _ in range(crops):
+        x = crop(image).int()
+        red += bool(((x[0] > 150) & (x[1] < 70)).any())
+    return red / crops
+
+
+def test_decode_once_keeps_the_whole_picture_so_random_crops_reach_its_edges_as_on_the_jpeg(tmp_path):
+    """Decoded once, an image keeps its aspect and its edges: RandomResizedCrop on the decoded pixels touches the
+    outer 15% of the width as often as on the JPEG, within sampling error (a centre crop never touched it)."""
+    import math
+
+    data = _banded_jpeg(500, 320)
+    (tmp_path / "src" / "banded").mkdir(parents=True)
+    (tmp_path / "src" / "banded" / "0.jpg").write_bytes(data)
+    ds = CachedImageFolder(LocalSource(tmp_path / "src"), Cache(tmp_path / "c", min_free_bytes=0), decode_once=128)
+    decoded = ds[0][0]
+    assert decoded.shape == (3, 128, 200) and decoded.dtype == torch.uint8, "shorter side 128, aspect 500:320 kept"
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    jpeg = pil_to_tensor(Image.open(io.BytesIO(data)).convert("RGB"))
+    on_jpeg, on_decoded = _touch_rate(jpeg), _touch_rate(decoded)
+    sigma = math.sqrt(2 * on_jpeg * (1 - on_jpeg) / 2000)
+    assert 0.2 < on_jpeg < 0.9 and abs(on_decoded - on_jpeg) < 4 * sigma, (on_jpeg, on_decoded)
+
+
+def test_decode_once_bounds_the_longer_side_and_keeps_the_aspect_of_a_panorama(tmp_path):
+    (tmp_path / "src" / "wide").mkdir(parents=True)
+    (tmp_path / "src" / "wide" / "0.jpg").write_bytes(_banded_jpeg(900, 300))
+    source, cache = LocalSource(tmp_path / "src"), Cache(tmp_path / "c", min_free_bytes=0)
+    assert CachedImageFolder(source, cache, decode_once=64)[0][0].shape == (3, 43, 128), "longer side 2 x 64"
+    decoded = DecodedImages(source, cache, 64, max_side=256)
+    record = cache.read_verified(decoded, decoded.entry(source.stat("wide/0.jpg")))
+    assert len(record) == record_bytes(64, 256) and pixels(record).shape == (3, 64, 192)
+    with pytest.raises(BadArgument, match="max_side=32: give the longest decoded side"):
+        DecodedImages(source, cache, 64, max_side=32)
+    with pytest.raises(BadArgument, match="not a decoded image's record"):
+        pixels(b"\xff\xd8" + bytes(100))
 
 
 def test_decode_once_through_dataloader_workers_with_v2_transforms(tmp_path):
@@ -188,6 +248,24 @@ def test_every_decoder_gives_the_same_picture_and_the_reduced_one_decodes_big_jp
     reduced = pil_reduced(big.getvalue(), 224)
     assert reduced.mode == "RGB" and 224 <= min(reduced.size) and max(reduced.size) <= 500, reduced.size
     assert DECODERS["pil"](big.getvalue()).size == (1000, 900)
+
+
+def test_torchcodec_where_installed_decodes_the_pixels_torchvision_does_and_names_a_bad_image(tmp_path):
+    """torchcodec 0.16+ replaces torchvision's deprecated decoders: where it is installed it is a decoder of its own,
+    giving torchvision's pixels exactly; a damaged image is one BadImage line that names it."""
+    from dataferry.decode import DECODERS, has_torchcodec_images
+
+    if not has_torchcodec_images():
+        assert "torchcodec" not in DECODERS
+        pytest.skip("torchcodec 0.16+ is not installed here")
+    for _, data in list(TEST.objects())[:10]:
+        assert torch.equal(DECODERS["torchcodec"](data), DECODERS["torchvision"](data))
+    (tmp_path / "src" / "cat").mkdir(parents=True)
+    (tmp_path / "src" / "cat" / "cut.jpg").write_bytes(next(iter(TEST.objects()))[1][:400])
+    ds = CachedImageFolder(LocalSource(tmp_path / "src"), Cache(tmp_path / "c", min_free_bytes=0),
+                           loader=DECODERS["torchcodec"])
+    with pytest.raises(OSError, match=r"cat/cut\.jpg does not decode as an image .*is_valid_file"):
+        ds[0]
 
 
 def test_decode_on_device_gives_each_batch_the_pictures_and_targets_the_cpu_decoder_gives(tmp_path):
@@ -270,7 +348,7 @@ def test_compare_decoders_adds_the_gpu_row_when_the_compute_trains_on_cuda(tmp_p
     names = sorted(n.removeprefix("test/") for n in TEST.object_names)[::5]
     rows = compare_decoders(LocalSource(tmp_path / "photos" / "test"), tmp_path / "work", OnCuda(PROFILES["resnet50-v100-amp"]),
                             workers=0, batch_size=10, epochs=2, decode_once=None, names=names, say=lambda s: None)
-    assert [r["decoder"] for r in rows] == [d for d in ("pil", "pil-reduced", "torchvision", "gpu") for _ in (1, 2)]
+    assert [r["decoder"] for r in rows] == [d for d in (*DECODERS, "gpu") for _ in (1, 2)]
     gpu = [r for r in rows if r["decoder"] == "gpu"]
     assert all(r["samples_per_s"] * r["epoch_s"] == pytest.approx(len(names)) and r["decode_ms_per_sample"] > 0
                for r in gpu)
@@ -315,7 +393,7 @@ def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_
     rows = compare_decoders(source, tmp_path / "work", EmulatedCompute(PROFILES["resnet50-v100-amp"]), workers=2,
                             batch_size=10, epochs=2, names=names, say=said.append)
     assert [(r["decoder"], r["epoch"]) for r in rows] == [
-        (d, e) for d in ("pil", "pil-reduced", "torchvision", "decode-once@256") for e in (1, 2)]
+        (d, e) for d in (*DECODERS, "decode-once@256") for e in (1, 2)]
     for r in rows:
         assert r["samples_per_s"] > 0 and 0 < r["au"] <= 1.05 and r["decode_ms_per_sample"] > 0, r
         assert r["workers"] == 2 and r["compute"] == "resnet50-v100-amp"
@@ -325,7 +403,7 @@ def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_
     assert states[("pil", 2)].startswith("cache warm, page cache")
     assert said[0].startswith(f"{len(names)} images")
     gains = decoder_gains(rows)
-    assert gains["pil"][0] == 1.0 and set(gains) == {"pil", "pil-reduced", "torchvision", "decode-once@256"}
+    assert gains["pil"][0] == 1.0 and set(gains) == {*DECODERS, "decode-once@256"}
     assert all(low <= ratio <= high for ratio, low, high in gains.values()), gains
     with pytest.raises(BadArgument, match="choose from pil"):
         compare_decoders(source, tmp_path / "w2", EmulatedCompute(PROFILES["resnet50-v100-amp"]), workers=0,
@@ -342,7 +420,7 @@ def test_decode_once_under_a_budget_too_tight_for_the_jpegs_too_never_waits_on_i
 
     TEST.write_to(tmp_path)
     source = LocalSource(tmp_path / "test")
-    budget = 3 * 64 * 64 * 3 + 10_000  # three images' pixels, and not one JPEG beside them
+    budget = 3 * record_bytes(64, 128) + 10_000  # three images' pixels, and not one JPEG beside them
     ds = CachedImageFolder(source, Cache(tmp_path / "c", max_bytes=budget, min_free_bytes=0), decode_once=64)
     t0 = time.perf_counter()
     with warnings.catch_warnings():

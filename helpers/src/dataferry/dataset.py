@@ -133,9 +133,10 @@ class CachedImageFolder(CachedDataset):
     ``loader`` takes the object's bytes (default: :func:`pil_loader`); ``is_valid_file`` takes its name
     (default: an :data:`IMG_EXTENSIONS` suffix).
 
-    ``decode_once=256``: each image is decoded once, to 256 x 256 RGB (:class:`~dataferry.decode.DecodedImages`),
-    and kept in the cache; ``transform`` then gets a ``3 x 256 x 256`` uint8 tensor instead of a PIL image (use
-    torchvision's v2 transforms, e.g. ``RandomResizedCrop(224)``, on it), and later epochs pay no JPEG decode. Objects not in a class folder are left out, as
+    ``decode_once=256``: each image is decoded once, the whole picture with its shorter side 256 and its aspect
+    kept (:class:`~dataferry.decode.DecodedImages`), and kept in the cache; ``transform`` then gets a ``3 x H x W``
+    uint8 tensor instead of a PIL image (use torchvision's v2 transforms, e.g. ``RandomResizedCrop(224)``, on it: its
+    crops draw from the same picture as on the JPEG), and later epochs pay no JPEG decode. Objects not in a class folder are left out, as
     ImageFolder leaves out files beside the class folders. Every read is checked against the object's
     CRC32C (see :class:`CachedDataset`). Picklable for DataLoader workers under fork and spawn when
     ``transform``, ``target_transform`` and ``loader`` are (torchvision's transforms are)."""
@@ -185,7 +186,7 @@ class CachedImageFolder(CachedDataset):
             with image_errors(lambda: where(self.source, self.entry(index).name)):
                 sample = self.loader(data)
         else:
-            sample = pixels(self._bytes(index, self.decoded), self.decoded.size)
+            sample = pixels(self._bytes(index, self.decoded))
         target: Any = self.targets[range(len(self.entries))[index]]
         if self.transform is not None:
             sample = self.transform(sample)

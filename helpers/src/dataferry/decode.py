@@ -4,9 +4,9 @@ later epoch should not pay again, kept in the cache beside the bytes it came fro
 Once the files are on local disk, JPEG decoding is what holds training back (one core decodes and
 augments a 500x375 flower in ~3.75 ms, so a 2-vCPU Colab runtime feeds a few hundred images per
 second, whatever the storage). :class:`DecodedImages` is a source whose objects are another
-source's images decoded once, at a reduced size (``size`` x ``size`` RGB, shorter side resized and
-centre-cropped; JPEGs decoded straight at a fraction of their size with PIL's draft mode), as raw
-uint8 pixels. Read through a :class:`~dataferry.Cache`, each is decoded on its first read and kept
+source's images decoded once, at a reduced size (the whole picture, its shorter side ``size``, its
+aspect kept; JPEGs decoded straight at a fraction of their size with PIL's draft mode), as raw
+uint8 pixels: a random resized crop of them draws from the same picture as one of the JPEG. Read through a :class:`~dataferry.Cache`, each is decoded on its first read and kept
 as an entry like any other: verified by CRC32C, under the budget, and keyed by the source object's
 version and the decoding's identity, so a changed image or another ``size`` is decoded afresh.
 Random crops and flips then run on the tensor (cheap), not on the JPEG.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import struct
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
@@ -30,9 +31,10 @@ from dataferry.errors import BadArgument, DataferryError
 from dataferry.sources import Entry, Source, where
 
 __all__ = ["BadImage", "image_errors", "DECODERS", "DecodeOnDevice", "DecodedImages", "collate_encoded", "decode_image", "encoded", "pil_loader",
-           "pil_reduced", "pixels", "random_boxes", "torchvision_decode"]
+           "has_torchcodec_images", "pil_reduced", "pixels", "random_boxes", "record_bytes", "torchcodec_decode",
+           "torchvision_decode"]
 
-_VERSION = 1  # of the decoding below: a change to it must change every derived key
+_VERSION = 2  # of the decoding below: a change to it must change every derived key
 
 
 class BadImage(DataferryError, OSError):
@@ -89,9 +91,33 @@ def torchvision_decode(data: bytes) -> Any:
     return tv_decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
 
 
-#: The ways a DataLoader worker can decode an image, by name (each a picklable module-level function).
+def torchcodec_decode(data: bytes) -> Any:
+    """An image's bytes as a ``3 x H x W`` uint8 RGB tensor, decoded by ``torchcodec.decoders.decode_image``
+    (torchcodec 0.16+: the decoders that replace torchvision's, deprecated from torchvision 0.29; libjpeg-turbo for
+    JPEGs, the same pixels as :func:`torchvision_decode`), straight from the bytes, without copying them."""
+    from torchcodec.decoders import decode_image as tc_decode_image
+
+    return tc_decode_image(data, mode="RGB")
+
+
+def has_torchcodec_images() -> bool:
+    """Whether torchcodec 0.16 or later (the first with image decoders) is installed; not imported here, so that
+    importing dataferry stays quick."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("torchcodec")
+    except metadata.PackageNotFoundError:
+        return False
+    return tuple(int(n) for n in re.findall(r"\d+", version)[:2]) >= (0, 16)
+
+
+#: The ways a DataLoader worker can decode an image, by name (each a picklable module-level function);
+#: ``torchcodec`` where torchcodec 0.16+ is installed (it is not a dependency: it must match the torch installed).
 DECODERS: dict[str, Callable[[bytes], Any]] = {"pil": pil_loader, "pil-reduced": pil_reduced,
                                                "torchvision": torchvision_decode}
+if has_torchcodec_images():
+    DECODERS["torchcodec"] = torchcodec_decode
 
 
 def encoded(data: bytes) -> Any:
@@ -212,52 +238,92 @@ class DecodeOnDevice:
         return f"<DecodeOnDevice {self.size}px on {self.device}>"
 
 
-def decode_image(data: bytes, size: int, draft: bool = True) -> bytes:
-    """An image's bytes -> ``size`` x ``size`` x 3 uint8 RGB pixels (row-major, HWC): shorter side resized
-    to ``size`` (antialiased), then centre-cropped. ``draft``: let a JPEG decode at 1/2, 1/4 or 1/8 of its
-    size when that is still at least ``size`` (libjpeg's DCT scaling; far less work for large photos)."""
+#: A decoded image's record: a header (``DFP1``, height, width), its pixels (height x width x 3 uint8, row-major,
+#: HWC), then zeros up to the record's fixed size (:func:`record_bytes`), which the cache's entry states before
+#: the image is decoded.
+_HEADER = struct.Struct("<4sHH")
+_MAGIC = b"DFP1"
+
+
+def record_bytes(size: int, max_side: int) -> int:
+    """The bytes of a decoded image's record: room for ``size`` x ``max_side`` RGB pixels and the header."""
+    return _HEADER.size + 3 * size * max_side
+
+
+def decoded_shape(w: int, h: int, size: int, max_side: int) -> tuple[int, int]:
+    """The (width, height) an image of ``w`` x ``h`` is decoded to: the shorter side ``size``, the aspect kept, unless
+    the longer side would then pass ``max_side`` (an image over ``max_side / size`` times as long as it is wide):
+    then the longer side is ``max_side`` and the shorter below ``size``. The whole picture, always."""
+    scale = min(size / min(w, h), max_side / max(w, h))
+    return max(1, min(max_side, round(w * scale))), max(1, min(max_side, round(h * scale)))
+
+
+def decode_image(data: bytes, size: int, max_side: int | None = None, draft: bool = True) -> bytes:
+    """An image's bytes -> its record (see :func:`record_bytes`): the whole picture, resized (antialiased) so its
+    shorter side is ``size`` and its aspect kept (:func:`decoded_shape`; ``max_side`` defaults to ``2 * size``), never
+    cropped, so a random resized crop of the pixels draws from the same picture as one of the JPEG. ``draft``: let a
+    JPEG decode at 1/2, 1/4 or 1/8 of its size when that still covers the result (libjpeg's DCT scaling; far less
+    work for large photos)."""
     from PIL import Image
 
+    max_side = 2 * size if max_side is None else max_side
     with Image.open(io.BytesIO(data)) as img:
+        w, h = img.size
+        rw, rh = decoded_shape(w, h, size, max_side)
         if draft and img.format == "JPEG":
-            img.draft("RGB", (size, size))
+            img.draft("RGB", (rw, rh))
         rgb = img.convert("RGB")
-    w, h = rgb.size
-    scale = size / min(w, h)
-    rw, rh = max(size, round(w * scale)), max(size, round(h * scale))
-    left, top = (rw - size) // 2, (rh - size) // 2
-    return rgb.resize((rw, rh), Image.Resampling.BILINEAR, reducing_gap=None).crop(
-        (left, top, left + size, top + size)).tobytes()
+    if rgb.size != (rw, rh):
+        rgb = rgb.resize((rw, rh), Image.Resampling.BILINEAR, reducing_gap=None)
+    out = bytearray(record_bytes(size, max_side))
+    _HEADER.pack_into(out, 0, _MAGIC, rh, rw)
+    out[_HEADER.size:_HEADER.size + 3 * rw * rh] = rgb.tobytes()
+    return bytes(out)
 
 
-def pixels(data: bytes, size: int) -> Any:
-    """Raw pixels from :func:`decode_image` as a ``3 x size x size`` uint8 tensor (what torchvision's v2
-    transforms take)."""
+def pixels(record: bytes) -> Any:
+    """A record from :func:`decode_image` as a ``3 x H x W`` uint8 tensor (what torchvision's v2 transforms take):
+    channels last in memory, torchvision's fast path for resizing uint8 images."""
     import torch
 
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(size, size, 3).permute(2, 0, 1)
+    magic, h, w = _HEADER.unpack_from(record)
+    if magic != _MAGIC or len(record) < _HEADER.size + 3 * h * w:
+        raise BadArgument(f"not a decoded image's record ({len(record)} bytes starting {bytes(record[:8])!r}): give "
+                          "what decode_image or DecodedImages returned")
+    data = bytearray(memoryview(record)[_HEADER.size:_HEADER.size + 3 * h * w])
+    return torch.frombuffer(data, dtype=torch.uint8).view(h, w, 3).permute(2, 0, 1)
 
 
 class DecodedImages:
-    """The images of ``source`` decoded once to ``size`` x ``size`` RGB (see :func:`decode_image`), read
-    through ``cache``: a :class:`~dataferry.sources.Source` whose object ``name`` is the pixels of
-    ``source``'s ``name``. Its entries come from :meth:`entry` (an entry of ``source`` -> the derived one);
-    each version names the source object's version and this decoding, so neither is ever served stale.
+    """The images of ``source`` decoded once (see :func:`decode_image`: the whole picture, shorter side ``size``,
+    aspect kept, longer side at most ``max_side``, default ``2 * size``), read through ``cache``: a
+    :class:`~dataferry.sources.Source` whose object ``name`` is the record of ``source``'s ``name``. Its entries
+    come from :meth:`entry` (an entry of ``source`` -> the derived one); each version names the source object's
+    version and this decoding, so neither is ever served stale. Every record has the same size (the pixels of the
+    largest shape, then zeros), so the cache knows an entry's size before its image is decoded.
 
         decoded = DecodedImages(source, cache, size=256)
         data = cache.read_verified(decoded, decoded.entry(source.stat("roses/1.jpg")))   # decoded once
+        image = pixels(data)                                                             # 3 x 256 x W uint8
     """
 
-    def __init__(self, source: Source, cache: Cache, size: int = 256, *, draft: bool = True) -> None:
+    def __init__(self, source: Source, cache: Cache, size: int = 256, *, max_side: int | None = None,
+                 draft: bool = True) -> None:
         if type(size) is not int or not 16 <= size <= 4096:
-            raise BadArgument(f"size={size!r}: give the decoded side in pixels, 16 to 4096 (e.g. 256 for 224 crops)")
-        self.source, self.cache, self.size, self.draft = source, cache, size, draft
-        self.identity = f"rgb{size}{'-draft' if draft else ''}-v{_VERSION}"
+            raise BadArgument(f"size={size!r}: give the decoded shorter side in pixels, 16 to 4096 (e.g. 256 for 224 "
+                              "crops)")
+        max_side = 2 * size if max_side is None else max_side
+        if type(max_side) is not int or not size <= max_side <= 4 * size:
+            raise BadArgument(f"max_side={max_side!r}: give the longest decoded side in pixels, from size ({size}) to "
+                              f"four times it (default {2 * size}: photos up to 2:1 keep their full resolution)")
+        self.source, self.cache, self.size, self.max_side, self.draft = source, cache, size, max_side, draft
+        self.identity = f"rgb{size}max{max_side}{'-draft' if draft else ''}-v{_VERSION}"
         self.uri = f"{source.uri.rstrip('/')}/#decoded-{self.identity}"
 
     @property
     def sample_bytes(self) -> int:
-        return 3 * self.size * self.size
+        """The bytes of every record (:func:`record_bytes`)."""
+        return record_bytes(self.size, self.max_side)
 
     def entry(self, original: Entry) -> Entry:
         """The derived entry of a ``source`` entry: its name, the pixels' size, a version naming both."""
@@ -282,9 +348,10 @@ class DecodedImages:
         original = self._original(entry)
         data = self.cache.read_verified(self.source, original)
         with image_errors(lambda: where(self.source, original.name)):
-            data = decode_image(data, self.size, self.draft)
+            data = decode_image(data, self.size, self.max_side, self.draft)
         out.write(data[start:] if start else data)
         return len(data) - start
 
     def __repr__(self) -> str:
-        return f"DecodedImages({self.source!r}, size={self.size}{'' if self.draft else ', draft=False'})"
+        return (f"DecodedImages({self.source!r}, size={self.size}, max_side={self.max_side}"
+                f"{'' if self.draft else ', draft=False'})")

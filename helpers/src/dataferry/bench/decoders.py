@@ -30,8 +30,8 @@ from dataferry.decode import DECODERS, DecodedImages, DecodeOnDevice, collate_en
 from dataferry.errors import BadArgument
 from dataferry.sources import Source
 
-__all__ = ["COST_ROUNDS", "GPU", "augment", "compare_decoders", "decode_ms", "decoder_gains", "device_decode_ms",
-           "interleaved_costs"]
+__all__ = ["COST_ROUNDS", "GPU", "STAGES", "augment", "compare_decoders", "decode_ms", "decoder_gains",
+           "device_decode_ms", "interleaved_costs", "stage_us"]
 
 #: The decoder name of decoding on the GPU (:class:`~dataferry.decode.DecodeOnDevice`), beside :data:`DECODERS`.
 GPU = "gpu"
@@ -39,11 +39,14 @@ GPU = "gpu"
 
 def augment(crop: int = 224) -> Any:
     """The usual training augmentation, for a PIL image or a uint8 tensor, ending in a uint8 tensor (the
-    model's step scales it): ``RandomResizedCrop(crop)``, then a random horizontal flip."""
+    model's step scales it): ``RandomResizedCrop(crop)`` (:class:`dataferry.crops.RandomResizedCrop`:
+    torchvision's, the same pixels in less time), then a random horizontal flip."""
     import torch
     from torchvision.transforms import v2
 
-    return v2.Compose([v2.ToImage(), v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip(),
+    from dataferry.crops import RandomResizedCrop
+
+    return v2.Compose([v2.ToImage(), RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip(),
                        v2.ToDtype(torch.uint8)])
 
 
@@ -56,6 +59,33 @@ def decode_ms(blobs: Sequence[bytes], decoder: Callable[[bytes], Any], transform
     for data in blobs:
         transform(decoder(data))
     return (time.perf_counter() - t0) / len(blobs) * 1e3
+
+
+#: The stages of a sample's time in a DataLoader worker, as :func:`stage_us` times them.
+STAGES = ("read", "decode", "augment", "collate")
+
+
+def stage_us(read: Callable[[int], Any], decode: Callable[[Any], Any], transform: Callable[[Any], Any],
+             indices: Sequence[int], batch: int) -> dict[str, float]:
+    """Microseconds per sample on this core, stage by stage (:data:`STAGES`), as a worker spends them: ``read(i)``
+    (through the cache: open, read, CRC32C check), ``decode`` (a JPEG decoder, or the view of decoded pixels),
+    ``transform`` (the augmentation) and the default collation of ``batch`` samples into one batch. Each stage is
+    timed over every sample of ``indices`` (one untimed sample first), in order, the page cache warm."""
+    from torch.utils.data import default_collate
+
+    def timed(f: Callable[[Any], Any], items: Sequence[Any]) -> tuple[float, list[Any]]:
+        f(items[0])
+        t0 = time.perf_counter_ns()
+        out = [f(x) for x in items]
+        return (time.perf_counter_ns() - t0) / len(items) / 1e3, out
+
+    read_us, data = timed(read, indices)
+    decode_us, images = timed(decode, data)
+    augment_us, samples = timed(transform, images)
+    batches = [[(x, 0) for x in samples[i:i + batch]] for i in range(0, len(samples) - batch + 1, batch)] or [
+        [(x, 0) for x in samples]]
+    collate_us, _ = timed(default_collate, batches)
+    return {"read": read_us, "decode": decode_us, "augment": augment_us, "collate": collate_us / len(batches[0])}
 
 
 def device_decode_ms(blobs: Sequence[bytes], crop: int = 224, device: str = "cuda") -> float:
@@ -149,7 +179,7 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
         runs[name] = copy.copy(listed)
         runs[name].decoded = DecodedImages(source, cache, decode_once)
         decoded = [decode_image(data, decode_once) for data in blobs]
-        cost_of[name] = functools.partial(decode_ms, decoded, functools.partial(pixels, size=decode_once), tf)
+        cost_of[name] = functools.partial(decode_ms, decoded, pixels, tf)
     ms_per_image = interleaved_costs(cost_of, COST_ROUNDS, seed)
     who = compute.profile.name if hasattr(compute, "profile") else repr(compute)
     rows: list[dict[str, Any]] = []

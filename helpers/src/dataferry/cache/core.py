@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import io
 import math
 import os
@@ -212,9 +213,11 @@ class Cache:
                 raise
             return action(source, source.stat(item))
 
-    def _read(self, source: Source, entry: Entry) -> tuple[bytes, bool]:
+    def _read(self, source: Source, entry: Entry, expect: Callable[[], str | None]) -> tuple[bytes, bool, str | None]:
         """The cached copy's bytes, filled first on a miss; a copy of the wrong size is dropped and filled
-        again. With whether they came straight from the source (too big for the budget), checked as they came."""
+        again. With whether they came straight from the source (too big for the budget), checked as they came,
+        and ``expect()``, asked once the copy is open and before it is read (a copy this read filled needs no
+        query of the index for it)."""
         key = self.key(source, entry)
         path = self._layout.object_path(key)
         hit = True
@@ -225,19 +228,20 @@ class Cache:
                 hit = False
                 filled = self._fills.fill_now(source, entry)
                 if filled.fetched < 0:
-                    return self._stream(source, entry, filled.refusal), True  # checked as it streamed
+                    return self._stream(source, entry, filled.refusal), True, None  # checked as it streamed
                 if filled.crc32c:
                     self._local.filled = (key, filled.crc32c)  # what a verified read checks the copy against
                 continue
             # No lock needed: eviction only unlinks, and an open descriptor still reads every byte.
             try:
+                expected = expect()
                 data = _read_all(fd, entry.size)
             finally:
                 os.close(fd)
             if len(data) == entry.size:
                 self._counters.add(hits=int(hit), bytes_from_cache=len(data))
                 self._index.used(key)
-                return data, False
+                return data, False, expected
             self._index.discard(key)
             self._counters.add(refetches=1)
             hit = False
@@ -274,8 +278,7 @@ class Cache:
         key = self.key(source, entry)
         mismatches = unvouched = 0
         while mismatches <= self.max_refetches:
-            expected = self._known_crc(entry, key, wait=False)
-            data, streamed = self._read(source, entry)
+            data, streamed, expected = self._read(source, entry, functools.partial(self._known_crc, entry, key, False))
             if streamed:
                 return data
             expected = expected or self._known_crc(entry, key) or self._settled_crc(key)  # filled by this read

@@ -29,6 +29,7 @@ from dataferry.cache.checksum import combine, value
 from dataferry.cache.errors import CacheFolderError, FillTimeout
 from dataferry.cache.layout import printable
 from dataferry.sources import Attempts, Entry, Source, SourceError, is_transient, retry_policy, retry_policy_async, where
+from dataferry.sources.retries import BACKOFF
 
 __all__ = ["Sink", "Part", "fetch_whole", "fetch_ranges", "source_blip", "RANGE_MIN", "PART", "RANGES", "STALL_S"]
 
@@ -140,7 +141,14 @@ def fetch_whole(source: Source, entry: Entry, sink: Sink, deadline: float, count
                 source.fetch(entry, part, start=part.n)  # type: ignore[arg-type]
 
     try:
-        retry_policy(max(deadline - time.monotonic(), 0.0), on_error, predicate=source_blip)(attempt)()
+        try:  # the first attempt before any retry policy is built (building one cost ~35 us a fill of a small file)
+            attempt()
+        except Exception as e:
+            if not source_blip(e):
+                raise
+            on_error(e)
+            time.sleep(min(BACKOFF["initial"], max(deadline - time.monotonic(), 0.0)))
+            retry_policy(max(deadline - time.monotonic(), 0.0), on_error, predicate=source_blip)(attempt)()
     except (RetryError, FillTimeout) as e:
         raise gave_up(where(source, printable(entry.name)), attempts, e) from (
             e.cause if isinstance(e, RetryError) else e)

@@ -130,7 +130,9 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
                    f"even so the accelerator waited {1 - au[best]:.0%} of the time, every image already on local disk."))
     slack = [d for d in rate.index if d != "gpu" and workers * 1000 / ms[d] > 2 * rate[d]]
     if slack:
-        said.append(f"For {', '.join(slack)}, {workers} workers could decode at their one-core costs more than twice the "
+        what = " (decode-once: crop and flip; it decodes nothing after epoch 1)" if any(
+            d.startswith("decode-once") for d in slack) else ""
+        said.append(f"For {', '.join(slack)}, {workers} workers could decode{what} at their one-core costs more than twice the "
                     "images/s the loop ran at: decoding is one part of an image's cost; the rest (reading, collating, "
                     "handing batches over, the CPUs the workers share) is not profiled here.")
     return Conclusion(where, said)

@@ -8,9 +8,15 @@ row is one epoch fed into an emulated accelerator (a :class:`~dataferry.feed.Com
 figures do not depend on a GPU here): samples/s, accelerator utilisation (AU), the share of wall time
 the step waited for data, and the CPU count; decode milliseconds per sample are timed on one core
 beside it. With a CUDA GPU, ``gpu`` rows too: the workers read bytes and the GPU decodes and crops each
-batch (:class:`~dataferry.decode.DecodeOnDevice`; its milliseconds are per image on the GPU). Two ratios
+batch (:class:`~dataferry.decode.DecodeOnDevice`; its milliseconds are per image on the GPU). A
+``limit-in-memory`` row is this machine's limit for such a feed: the decoded pictures held in RAM, cropped and
+flipped by the same workers; and a table splits each pipeline's sample time into its stages (read, decode, augment,
+collate, timed on one core) and what is left (the hand-over to the main process, the cores' sharing). The feed's
+peers run beside them where installed (:mod:`dataferry.lab.feedpeers`: litdata with every decoder, DALI's CPU
+pipeline; ``ImageFolder`` is one everywhere), so ``decode_once_vs_best_peer`` and ``jpeg_cache_vs_best_peer`` (the
+cache's JPEG path over the fastest peer with the same decoder, the worst decoder's) compare them. Three more ratios
 sum it up: ``decode_once_vs_jpeg_warm`` (warm cache, decode-once over decoding the JPEG every epoch, same
-workers) and ``cold_epoch_vs_plain_read`` (epoch 1 through the cache from a
+workers), ``decode_once_vs_limit`` and ``cold_epoch_vs_plain_read`` (epoch 1 through the cache from a
 folder over plain reads of the same folder, same workers, page cache dropped before each); and
 ``mounted_prefetch_gain`` says what the prefetching sampler buys epoch 1 from a gcsfuse mount. Figures are
 ``lab:<profile>`` numbers from this machine; ``make bench-train`` runs it.
@@ -27,14 +33,65 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dataferry.bench.decoders import GPU, augment, decode_ms, device_decode_ms
-from dataferry.decode import DECODERS, encoded
+from dataferry.bench.decoders import GPU, STAGES, augment, decode_ms, device_decode_ms, stage_us
+from dataferry.decode import DECODERS, encoded, pixels
+from dataferry.lab import feedpeers
 from dataferry.lab.core import Lab
 from dataferry.lab.flowers import plan_flowers
 
-__all__ = ["bench_train", "cold_epoch_vs_plain_read", "mounted_epoch_rates"]
+__all__ = ["InMemoryImages", "bench_train", "cold_epoch_vs_plain_read", "mounted_epoch_rates"]
 
 DECODED_SIZE = 256
+LIMIT = "limit-in-memory"  # the reader of this machine's limit: decoded pixels in RAM, the same crops and workers
+
+
+class InMemoryImages:
+    """Decoded images held in memory, each ``(transform(image), target)``: this machine's limit for a feed that
+    crops and flips decoded pixels in its DataLoader workers (nothing read, nothing decoded)."""
+
+    def __init__(self, images: list[Any], targets: list[int], transform: Callable[[Any], Any]) -> None:
+        self.images, self.targets, self.transform = images, targets, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.transform(self.images[index]), self.targets[index]
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+def _interleaved_stages(timings: dict[str, Callable[[], dict[str, float]]], rounds: int = 3,
+                        seed: int = 0) -> dict[str, dict[str, float]]:
+    """Each pipeline's stage costs (:func:`~dataferry.bench.decoders.stage_us`), the median of ``rounds`` timings
+    taken in turns, in an order shuffled each round: one pass each made a slow second of the machine one
+    pipeline's cost (an augmentation timed at 2.6 times its usual cost)."""
+    import random
+
+    rng, got = random.Random(seed), {name: list[dict[str, float]]() for name in timings}
+    for _ in range(rounds):
+        order = list(timings)
+        rng.shuffle(order)
+        for name in order:
+            got[name].append(timings[name]())
+    return {name: {s: statistics.median(t[s] for t in ts) for s in STAGES} for name, ts in got.items()}
+
+
+def _stage_table(stages: dict[str, dict[str, float]], rates: dict[str, float], workers: int) -> list[str]:
+    """Each pipeline's sample time in a worker, stage by stage, as shares of its wall time per sample per worker
+    (``workers`` / its samples per second): what is left is the hand-over to the main process and the cores'
+    sharing."""
+    lines = [f"\nWhere a sample's time goes ({workers} workers; microseconds on one core, and the share of the wall "
+             "time per sample per worker)", "| pipeline | " + " | ".join(STAGES) + " | hand-over and the rest |",
+             "|---|" + "---|" * (len(STAGES) + 1)]
+    for name, us in stages.items():
+        wall = workers * 1e6 / rates[name]
+        rest = wall - sum(us.values())
+        lines.append(f"| {name} | " + " | ".join(f"{us[s]:.0f} ({us[s] / wall:.0%})" for s in STAGES)
+                     + f" | {rest:.0f} ({rest / wall:.0%}) |")
+    return lines
 
 
 def _load_path(decode: Callable[[bytes], Any], path: str) -> Any:
@@ -197,13 +254,16 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 say(f"  {reader:18} {decoder:12} {width} workers: {report.samples_per_s:7.0f} samples/s, AU "
                     f"{report.au:4.0%}, waiting {report.wait_s / report.wall_s:4.0%}")
 
+            stages: dict[str, dict[str, float]] = {}
             for width in widths:
+                jpegs: dict[str, Any] = {}
                 for decoder in DECODERS:
                     ds = ImageFolder(local, transform=augment(), loader=functools.partial(_load_path, DECODERS[decoder]))
                     for report in _epochs(ds, width, batch, compute, 1 + repeats)[1:]:  # the first warms up
                         row("imagefolder-local", decoder, width, report)
                     cached = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-{decoder}"),
                                                transform=augment(), loader=DECODERS[decoder])
+                    jpegs[decoder] = cached
                     cold, *warm = _epochs(cached, width, batch, compute, 1 + repeats)
                     row("cache-cold", decoder, width, cold)
                     for report in warm:
@@ -221,7 +281,24 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 row("decode-once-cold", f"pil@{DECODED_SIZE}", width, cold)
                 for report in warm:
                     row("decode-once-warm", f"pil@{DECODED_SIZE}", width, report)
+                decoded = [pixels(once._bytes(i, once.decoded)) for i in range(len(once))]
+                limit = InMemoryImages(decoded, once.targets, augment())
+                for report in _epochs(limit, width, batch, compute, 1 + repeats)[1:]:
+                    row(LIMIT, f"pixels@{DECODED_SIZE}", width, report)
+                if width == widths[-1]:  # each pipeline's stages on one core, while no worker runs
+                    import random
 
+                    some = random.Random(0).sample(range(len(once)), min(200, len(once)))
+                    timings: dict[str, Callable[[], dict[str, float]]] = {
+                        f"cache-warm {d}": functools.partial(stage_us, ds._bytes, DECODERS[d], augment(), some, batch)
+                        for d, ds in jpegs.items()}
+                    timings[f"decode-once-warm pil@{DECODED_SIZE}"] = functools.partial(
+                        stage_us, functools.partial(once._bytes, decoded=once.decoded), pixels, augment(), some, batch)
+                    timings[f"{LIMIT} pixels@{DECODED_SIZE}"] = functools.partial(
+                        stage_us, decoded.__getitem__, _same, augment(), some, batch)
+                    stages.update(_interleaved_stages(timings))
+
+            _peer_rows(row, local, work, widths[-1], batch, compute, repeats, say)
             width = max(2, min(widths[-1], cpus))
             blobs = [data for _, data in flowers.objects()]
             plain_rates, cold_rates = cold_epoch_vs_plain_read(blobs, work, width, compute, files=plain_files,
@@ -242,17 +319,63 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
         "decode_ms_per_sample": ms_per_sample, "rows": rows,
         "plain_read_files_per_s": plain_rates, "cold_epoch_files_per_s": cold_rates, "cold_epoch_workers": width,
         "decode_once_vs_jpeg_warm": median("decode-once-warm", f"pil@{DECODED_SIZE}", top) / median("cache-warm", "pil", top),
+        "decode_once_vs_limit": median("decode-once-warm", f"pil@{DECODED_SIZE}", top) / median(LIMIT, f"pixels@{DECODED_SIZE}", top),
+        "stage_us": stages,
         "cold_epoch_vs_plain_read": statistics.median(cold_rates) / statistics.median(plain_rates),
         "mounted_files_per_s": {"prefetching": ahead_rates, "without": alone_rates},
         "mounted_prefetch_gain": (statistics.median(ahead_rates) / statistics.median(alone_rates)
                                   if ahead_rates and alone_rates else None),
-        "goals": {"decode_once_vs_jpeg_warm": ">= 2.0", "cold_epoch_vs_plain_read": ">= 0.8"},
+        "peers_missing": feedpeers.missing(),
+        "decode_once_vs_best_peer": _vs_best_peer(rows, "decode-once-warm", None, top),
+        "jpeg_cache_vs_best_peer": min((r for d in DECODERS if (r := _vs_best_peer(rows, "cache-warm", d, top))),
+                                       default=None),
+        "goals": {"decode_once_vs_jpeg_warm": ">= 2.0", "decode_once_vs_limit": ">= 0.75",
+                  "decode_once_vs_best_peer": "> 1.0", "jpeg_cache_vs_best_peer": ">= 1.0",
+                  "cold_epoch_vs_plain_read": ">= 0.8"},
     }
     say(_table(results, top))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=1))
     say(f"-> {out}")
     return results
+
+
+#: The rows of what a user would pick instead (the limit is not one: it is this machine's ceiling).
+PEER_READERS = ("imagefolder-local", *feedpeers.PEERS)
+
+
+def _peer_rows(row: Callable[..., None], folder: Path, work: Path, width: int, batch: int, compute: Any,
+               repeats: int, say: Callable[[str], None]) -> None:
+    """The feed's peers (:mod:`dataferry.lab.feedpeers`) on the same images, workers and augmentation, where
+    installed: litdata with every decoder, DALI's CPU pipeline with its own; ``repeats`` epochs each after one
+    that warms up."""
+    from dataferry.feed import feed
+
+    missing = feedpeers.missing()
+    if "litdata" not in missing:
+        for decoder in DECODERS:
+            loader = feedpeers.litdata_loader(folder, work, DECODERS[decoder], augment(), width, batch)
+            for report in feed(loader, compute, epochs=1 + repeats)[1:]:
+                row("litdata", decoder, width, report)
+    if "dali-cpu" not in missing:
+        for report in feed(feedpeers.dali_loader(folder, width, batch), compute, epochs=1 + repeats)[1:]:
+            row("dali-cpu", "dali", width, report)
+    if missing:
+        say(f"  {', '.join(missing)}: not installed here, not measured (pip install 'dataferry[feed-peers]')")
+
+
+def _vs_best_peer(rows: list[dict], reader: str, decoder: str | None, width: int) -> float | None:
+    """``reader``'s median samples/s over the fastest peer's (only peers decoding with ``decoder``, if given), at
+    ``width`` workers; None when no peer ran."""
+    def median(readers: tuple[str, ...], of: str | None) -> float | None:
+        rates = [r["samples_per_s"] for r in rows
+                 if r["workers"] == width and r["reader"] in readers and (of is None or r["decoder"] == of)]
+        return statistics.median(rates) if rates else None
+
+    decoders = {r["decoder"] for r in rows} if decoder is None else {decoder}
+    best = max((m for p in PEER_READERS for d in decoders if (m := median((p,), d)) is not None), default=None)
+    ours = median((reader,), decoder)
+    return None if best is None or ours is None else ours / best
 
 
 def _table(results: dict, width: int) -> str:
@@ -268,8 +391,16 @@ def _table(results: dict, width: int) -> str:
                      f"{'' if ms is None else f'{ms:.2f}'} |")
     lines.append(f"\n{results['machine']['cpus']} CPUs, {results['where']}, AU against {results['profile']['name']} "
                  f"({results['profile']['samples_per_s']:,.0f} samples/s, emulated)")
+    rates = {f"{reader} {decoder}": statistics.median(r["samples_per_s"] for r in rs)
+             for (reader, decoder, workers), rs in seen.items() if workers == width}
+    lines += _stage_table(results["stage_us"], rates, width)
+    lines.append("")
+    if results["peers_missing"]:
+        lines.append(f"not measured: {', '.join(results['peers_missing'])} (not installed here: pip install "
+                     "'dataferry[feed-peers]', or run make bench-train)")
     for key, goal in results["goals"].items():
-        lines.append(f"{key}: {results[key]:.2f} (goal {goal}; {width} workers)")
+        got = "not measured" if results[key] is None else f"{results[key]:.2f}"
+        lines.append(f"{key}: {got} (goal {goal}; {width} workers)")
     gain = results["mounted_prefetch_gain"]
     lines.append(f"mounted_prefetch_gain: {'not measured (no gcsfuse)' if gain is None else f'{gain:.2f}'} (epoch 1 "
                  "from a gcsfuse mount through the cache, with the prefetching sampler over without; "

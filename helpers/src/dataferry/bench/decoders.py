@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dataferry.cache import Cache
 from dataferry.decode import DECODERS, DecodedImages, DecodeOnDevice, collate_encoded, decode_image, encoded, pixels
@@ -31,7 +31,9 @@ from dataferry.errors import BadArgument
 from dataferry.sources import Source
 
 __all__ = ["COST_ROUNDS", "GPU", "STAGES", "augment", "compare_decoders", "decode_ms", "decoder_gains",
-           "device_decode_ms", "interleaved_costs", "stage_us"]
+           "device_decode_ms", "interleaved_costs", "interleaved_runs", "stage_us"]
+
+T = TypeVar("T")
 
 #: The decoder name of decoding on the GPU (:class:`~dataferry.decode.DecodeOnDevice`), beside :data:`DECODERS`.
 GPU = "gpu"
@@ -116,13 +118,19 @@ def interleaved_costs(cost_of: dict[str, Callable[[], float]], rounds: int = COS
     in measurement order)."""
     import statistics
 
-    rng, got = random.Random(seed), {name: list[float]() for name in cost_of}
+    return {name: statistics.median(values) for name, values in interleaved_runs(cost_of, rounds, seed).items()}
+
+
+def interleaved_runs(run_of: dict[str, Callable[[], T]], rounds: int, seed: int = 0) -> dict[str, list[T]]:
+    """``rounds`` results of each of ``run_of``'s callables, called in turns, in an order shuffled anew each round
+    (what :func:`interleaved_costs` takes the median of)."""
+    rng, got = random.Random(seed), {name: list[T]() for name in run_of}
     for _ in range(rounds):
-        order = list(cost_of)
+        order = list(run_of)
         rng.shuffle(order)
         for name in order:
-            got[name].append(cost_of[name]())
-    return {name: statistics.median(values) for name, values in got.items()}
+            got[name].append(run_of[name]())
+    return got
 
 
 def _named(names: frozenset[str], name: str) -> bool:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dataferry.bench.decoders import GPU, STAGES, augment, decode_ms, device_decode_ms, stage_us
+from dataferry.bench.decoders import GPU, STAGES, augment, decode_ms, device_decode_ms, interleaved_runs, stage_us
 from dataferry.decode import DECODERS, encoded, pixels
 from dataferry.lab import feedpeers
 from dataferry.lab.core import Lab
@@ -61,22 +61,6 @@ class InMemoryImages:
 
 def _same(x: Any) -> Any:
     return x
-
-
-def _interleaved_stages(timings: dict[str, Callable[[], dict[str, float]]], rounds: int = 3,
-                        seed: int = 0) -> dict[str, dict[str, float]]:
-    """Each pipeline's stage costs (:func:`~dataferry.bench.decoders.stage_us`), the median of ``rounds`` timings
-    taken in turns, in an order shuffled each round: one pass each made a slow second of the machine one
-    pipeline's cost (an augmentation timed at 2.6 times its usual cost)."""
-    import random
-
-    rng, got = random.Random(seed), {name: list[dict[str, float]]() for name in timings}
-    for _ in range(rounds):
-        order = list(timings)
-        rng.shuffle(order)
-        for name in order:
-            got[name].append(timings[name]())
-    return {name: {s: statistics.median(t[s] for t in ts) for s in STAGES} for name, ts in got.items()}
 
 
 def _stage_table(stages: dict[str, dict[str, float]], rates: dict[str, float], workers: int) -> list[str]:
@@ -296,7 +280,9 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                         stage_us, functools.partial(once._bytes, decoded=once.decoded), pixels, augment(), some, batch)
                     timings[f"{LIMIT} pixels@{DECODED_SIZE}"] = functools.partial(
                         stage_us, decoded.__getitem__, _same, augment(), some, batch)
-                    stages.update(_interleaved_stages(timings))
+                    # the median of 3 rounds taken in turns: one pass each once timed a crop at 2.6x its cost
+                    for name, runs in interleaved_runs(timings, rounds=3).items():
+                        stages[name] = {s: statistics.median(r[s] for r in runs) for s in STAGES}
 
             _peer_rows(row, local, work, widths[-1], batch, compute, repeats, say)
             width = max(2, min(widths[-1], cpus))
@@ -367,14 +353,14 @@ def _peer_rows(row: Callable[..., None], folder: Path, work: Path, width: int, b
 def _vs_best_peer(rows: list[dict], reader: str, decoder: str | None, width: int) -> float | None:
     """``reader``'s median samples/s over the fastest peer's (only peers decoding with ``decoder``, if given), at
     ``width`` workers; None when no peer ran."""
-    def median(readers: tuple[str, ...], of: str | None) -> float | None:
+    def median(of_reader: str, of: str | None) -> float | None:
         rates = [r["samples_per_s"] for r in rows
-                 if r["workers"] == width and r["reader"] in readers and (of is None or r["decoder"] == of)]
+                 if r["workers"] == width and r["reader"] == of_reader and (of is None or r["decoder"] == of)]
         return statistics.median(rates) if rates else None
 
     decoders = {r["decoder"] for r in rows} if decoder is None else {decoder}
-    best = max((m for p in PEER_READERS for d in decoders if (m := median((p,), d)) is not None), default=None)
-    ours = median((reader,), decoder)
+    best = max((m for p in PEER_READERS for d in decoders if (m := median(p, d)) is not None), default=None)
+    ours = median(reader, decoder)
     return None if best is None or ours is None else ours / best
 
 

@@ -336,6 +336,24 @@ def test_a_reader_filling_an_uncapped_cache_asks_the_index_once_per_lease_and_ne
     assert reopened.usage() == (300, sum(map(len, files.values()))), "nothing is an orphan to the next process"
 
 
+def test_one_reader_filling_file_after_file_makes_them_durable_in_groups_not_one_syncfs_each(tmp_path, monkeypatch):
+    """A DataLoader worker fills one file per sample, decoding in between (a pause here): the index writer gathers
+    the fills of a few milliseconds into one syncfs and one transaction (it made one per file, a syncfs of the whole
+    disk per sample of epoch 1), and every one of them is recorded."""
+    files = _write_folder(tmp_path / "data", 200, seed=6, low=2_000, high=8_000)
+    source = LocalSource(tmp_path / "data")
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    from dataferry.cache import index as index_module
+    syncfs, real_syncfs = [], index_module.syncfs
+    monkeypatch.setattr(index_module, "syncfs", lambda folder: (syncfs.append(folder), real_syncfs(folder))[1])
+    for e in source.list():
+        assert cache.read(source, e) == files[e.name]
+        time.sleep(0.002)  # the sample's decoding
+    cache._index.flush()
+    assert len(syncfs) <= len(files) // 4, f"{len(syncfs)} syncfs for {len(files)} fills one after another"
+    assert Cache(tmp_path / "c").usage() == (200, sum(map(len, files.values())))
+
+
 def test_readers_killed_mid_epoch_leave_whole_entries_and_no_room_held(tmp_path):
     """A reader killed at any point of a fill leaves, once the cache opens again, only entries that
     verify, no temp file, and no room held for it (its lease is reclaimed)."""

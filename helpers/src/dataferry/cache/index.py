@@ -39,6 +39,10 @@ T = TypeVar("T")
 FLUSH_EVERY = 256
 FLUSH_S = 2.0
 IDLE_CHECK_S = 5.0
+#: How long the writer gathers more placed fills after one arrives, while no one waits for an answer: one
+#: ``syncfs`` and one transaction for every fill of those milliseconds, not one for each file (epoch 1 from a
+#: folder filled one file at a time per worker: a ``syncfs`` per file). Their fill locks are held that much longer.
+GATHER_S = 0.02
 
 
 def _flush_at_exit(ref: weakref.ref) -> None:
@@ -276,7 +280,8 @@ class IndexWriter:
     Under a pool of staging threads, a write per fill serialises every fill behind the GIL: each
     sqlite call releases it, and taking it back can wait a whole switch interval. Here a batch
     of any size costs a handful of sqlite calls. Reservations wait for their answer; finished
-    fills and LRU times are fire-and-forget, and each queued write holds its :class:`Index`, so a
+    fills and LRU times are fire-and-forget (a placed fill waits up to ``GATHER_S`` for others to share its
+    ``syncfs``), and each queued write holds its :class:`Index`, so a
     cache dropped (``stage(source, Cache(...))``) or a process exiting meanwhile still applies them
     (a crash before they are written leaves rows that recovery completes at the next open).
     """
@@ -391,11 +396,9 @@ class IndexWriter:
                         self._drop_lease()
                     del index
                     continue
-            while len(batch) < 4096:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch += self._drained(4096 - len(batch))
+            if _unhurried(_flat(batch)):
+                batch += self._gathered(GATHER_S, 4096 - len(batch))
             batch, self._later = self._later + _flat(batch), []
             stop = any(item[0] == "stop" for item in batch)
             index = self._index_ref()  # alive: every queued item holds it
@@ -408,6 +411,28 @@ class IndexWriter:
             if stop:  # the thread ends after this batch
                 self._close()
                 return
+
+    def _drained(self, most: int) -> list:
+        """What is queued now, up to ``most`` items."""
+        items: list = []
+        with contextlib.suppress(queue.Empty):
+            while len(items) < most:
+                items.append(self._queue.get_nowait())
+        return items
+
+    def _gathered(self, seconds: float, most: int) -> list:
+        """What comes within ``seconds`` (up to ``most`` items), ending early at the first that someone waits for."""
+        items: list = []
+        end = time.monotonic() + seconds
+        while len(items) < most and (left := end - time.monotonic()) > 0:
+            try:
+                items.append(self._queue.get(timeout=left))
+            except queue.Empty:
+                break
+            items += self._drained(most - len(items))
+            if not _unhurried(_flat(items), placed=False):
+                break
+        return items
 
     def _connection(self, index: Index) -> sqlite3.Connection:
         """This thread's connection, renewed when the index file was replaced."""
@@ -514,6 +539,14 @@ def _file_id(path: Any) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _unhurried(items: list, placed: bool = True) -> bool:
+    """Whether a batch may wait for more: no one waits for an answer, no stop, and (``placed``) a placed fill
+    (whose ``syncfs`` the batch would pay for)."""
+    if any(fut is not None or kind == "stop" for kind, _, fut, _ in items):
+        return False
+    return not placed or any(kind == "placed" for kind, _, _, _ in items)
 
 
 def _flat(items: list) -> list:

@@ -338,20 +338,39 @@ def test_a_reader_filling_an_uncapped_cache_asks_the_index_once_per_lease_and_ne
 
 def test_one_reader_filling_file_after_file_makes_them_durable_in_groups_not_one_syncfs_each(tmp_path, monkeypatch):
     """A DataLoader worker fills one file per sample, decoding in between (a pause here): the index writer gathers
-    the fills of a few milliseconds into one syncfs and one transaction (it made one per file, a syncfs of the whole
-    disk per sample of epoch 1), and every one of them is recorded."""
+    the fills that come within GATHER_S into one syncfs and one transaction (it made one per file, a syncfs of the
+    whole disk per sample of epoch 1), every one of them recorded; a flush does not wait for the gathering."""
     files = _write_folder(tmp_path / "data", 200, seed=6, low=2_000, high=8_000)
     source = LocalSource(tmp_path / "data")
     cache = Cache(tmp_path / "c", min_free_bytes=0)
     from dataferry.cache import index as index_module
     syncfs, real_syncfs = [], index_module.syncfs
     monkeypatch.setattr(index_module, "syncfs", lambda folder: (syncfs.append(folder), real_syncfs(folder))[1])
+    monkeypatch.setattr(index_module, "GATHER_S", 1.0)
     for e in source.list():
         assert cache.read(source, e) == files[e.name]
         time.sleep(0.002)  # the sample's decoding
+    t0 = time.monotonic()
     cache._index.flush()
+    assert time.monotonic() - t0 < 0.5, "a flush ends the writer's wait for more fills"
     assert len(syncfs) <= len(files) // 4, f"{len(syncfs)} syncfs for {len(files)} fills one after another"
     assert Cache(tmp_path / "c").usage() == (200, sum(map(len, files.values())))
+
+
+def test_the_index_writer_waits_for_more_fills_only_while_no_one_waits_on_it():
+    """The writer's gathering rule: a batch of placed fills may wait for more; one holding a request someone waits
+    for, a stop, or a fill marked ready (whose lock is already let go, so another process may wait for its row)
+    may not; nor one with nothing to make durable."""
+    from concurrent.futures import Future
+
+    from dataferry.cache.index import _unhurried
+    placed, touch = ("placed", (), None, None), ("touch", {}, None, None)
+    assert _unhurried([placed, touch])
+    assert not _unhurried([touch])
+    assert _unhurried([touch], placed=False)
+    for other in [("reserve", (), Future(), None), ("flush", None, Future(), None), ("stop", None, None, None),
+                  ("ready", (), None, None)]:
+        assert not _unhurried([placed, other]), other[0]
 
 
 def test_readers_killed_mid_epoch_leave_whole_entries_and_no_room_held(tmp_path):

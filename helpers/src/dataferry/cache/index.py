@@ -280,9 +280,9 @@ class IndexWriter:
     Under a pool of staging threads, a write per fill serialises every fill behind the GIL: each
     sqlite call releases it, and taking it back can wait a whole switch interval. Here a batch
     of any size costs a handful of sqlite calls. Reservations wait for their answer; finished
-    fills and LRU times are fire-and-forget (a placed fill waits up to ``GATHER_S`` for others to share its
-    ``syncfs``), and each queued write holds its :class:`Index`, so a
-    cache dropped (``stage(source, Cache(...))``) or a process exiting meanwhile still applies them
+    fills and LRU times are fire-and-forget (a batch with a placed fill, and no request anyone waits for nor
+    fill marked ready, waits up to ``GATHER_S`` for more to share its ``syncfs``, their fill locks held
+    meanwhile), and each queued write holds its :class:`Index`, so a cache dropped (``stage(source, Cache(...))``) or a process exiting meanwhile still applies them
     (a crash before they are written leaves rows that recovery completes at the next open).
     """
 
@@ -426,11 +426,12 @@ class IndexWriter:
         end = time.monotonic() + seconds
         while len(items) < most and (left := end - time.monotonic()) > 0:
             try:
-                items.append(self._queue.get(timeout=left))
+                new = [self._queue.get(timeout=left)]
             except queue.Empty:
                 break
-            items += self._drained(most - len(items))
-            if not _unhurried(_flat(items), placed=False):
+            new += self._drained(most - len(items) - 1)
+            items += new
+            if not _unhurried(_flat(new), placed=False):
                 break
         return items
 
@@ -542,9 +543,10 @@ def _file_id(path: Any) -> tuple[int, int] | None:
 
 
 def _unhurried(items: list, placed: bool = True) -> bool:
-    """Whether a batch may wait for more: no one waits for an answer, no stop, and (``placed``) a placed fill
-    (whose ``syncfs`` the batch would pay for)."""
-    if any(fut is not None or kind == "stop" for kind, _, fut, _ in items):
+    """Whether a batch may wait for more: no one waits for an answer, no stop, no fill marked ready (its lock is
+    let go already: another process may be waiting for its row to check a copy against), and (``placed``) a
+    placed fill (whose ``syncfs`` the batch would pay for)."""
+    if any(fut is not None or kind in ("stop", "ready") for kind, _, fut, _ in items):
         return False
     return not placed or any(kind == "placed" for kind, _, _, _ in items)
 

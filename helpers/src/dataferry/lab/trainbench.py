@@ -19,7 +19,9 @@ sum it up: ``decode_once_vs_jpeg_warm`` (warm cache, decode-once over decoding t
 workers), ``decode_once_vs_limit`` and ``cold_epoch_vs_plain_read`` (epoch 1 through the cache from a
 folder over plain reads of the same folder, same workers, page cache dropped before each); and
 ``mounted_prefetch_gain`` says what the prefetching sampler buys epoch 1 from a gcsfuse mount. Figures are
-``lab:<profile>`` numbers from this machine; ``make bench-train`` runs it.
+``lab:<profile>`` numbers from this machine; ``make bench-train`` runs it. The pipelines of one worker count take
+their epochs in turns, each loader keeping its workers (:func:`_interleaved`), so that drift in a shared machine
+falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -99,18 +101,24 @@ def _epochs(dataset: Any, workers: int, batch: int, compute: Any, epochs: int = 
     fetches ahead of the reader (its prefetching sampler), as the course teaches. The first epoch pays the
     workers' start. ``on_gpu``: the dataset gives encoded JPEGs, decoded and cropped on the GPU in batches;
     ``prefetch=False``: no prefetching sampler."""
+    from dataferry.feed import feed
+
+    return feed(_loader(dataset, workers, batch, on_gpu, prefetch), compute, epochs=epochs)
+
+
+def _loader(dataset: Any, workers: int, batch: int, on_gpu: bool = False, prefetch: bool = True) -> Any:
+    """The DataLoader of :func:`_epochs`: its ``workers`` worker processes live across epochs."""
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
     from dataferry.decode import DecodeOnDevice, collate_encoded
-    from dataferry.feed import feed
 
     sampler: Any = RandomSampler(dataset, generator=torch.Generator().manual_seed(0))
     if prefetch and hasattr(dataset, "prefetching"):
         sampler = dataset.prefetching(sampler)
     loader: Any = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, pin_memory=on_gpu,
                              persistent_workers=workers > 0, collate_fn=collate_encoded if on_gpu else None)
-    return feed(_Waited(DecodeOnDevice(loader)) if on_gpu else loader, compute, epochs=epochs)
+    return _Waited(DecodeOnDevice(loader)) if on_gpu else loader
 
 
 class _Waited:
@@ -231,7 +239,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 ms_per_sample[GPU] = device_decode_ms([p.read_bytes() for p in sorted(local.rglob("*.jpg"))[:256]])
             from torchvision.datasets import ImageFolder
 
-            def row(reader: str, decoder: str, width: int, report: Any) -> None:
+            def row(reader: str, decoder: str, report: Any, width: int) -> None:
                 rows.append({"reader": reader, "decoder": decoder, "workers": width, "samples_per_s": report.samples_per_s,
                              "au": report.au, "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,
                              "decode_ms_per_sample": ms_per_sample.get(decoder), "cpus": cpus})
@@ -241,34 +249,34 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
             stages: dict[str, dict[str, float]] = {}
             for width in widths:
                 jpegs: dict[str, Any] = {}
+                pipelines: list[tuple[str, str, Callable[[], Any]]] = []
                 for decoder in DECODERS:
                     ds = ImageFolder(local, transform=augment(), loader=functools.partial(_load_path, DECODERS[decoder]))
-                    for report in _epochs(ds, width, batch, compute, 1 + repeats)[1:]:  # the first warms up
-                        row("imagefolder-local", decoder, width, report)
-                    cached = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-{decoder}"),
-                                               transform=augment(), loader=DECODERS[decoder])
-                    jpegs[decoder] = cached
-                    cold, *warm = _epochs(cached, width, batch, compute, 1 + repeats)
-                    row("cache-cold", decoder, width, cold)
-                    for report in warm:
-                        row("cache-warm", decoder, width, report)
+                    pipelines.append(("imagefolder-local", decoder, functools.partial(_loader, ds, width, batch)))
+                    jpegs[decoder] = cached = CachedImageFolder(
+                        GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-{decoder}"),
+                        transform=augment(), loader=DECODERS[decoder])
+                    pipelines.append(("cache-warm", decoder, functools.partial(_loader, cached, width, batch)))
+                once = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-once"),
+                                         transform=augment(), decode_once=DECODED_SIZE)
+                pipelines.append(("decode-once-warm", f"pil@{DECODED_SIZE}", functools.partial(_loader, once, width, batch)))
+                decoded: list[Any] = []
+
+                def limit(once: Any = once, decoded: list[Any] = decoded, width: int = width) -> Any:
+                    decoded += [pixels(once._bytes(i, once.decoded)) for i in range(len(once))]  # once is warm now
+                    return _loader(InMemoryImages(decoded, once.targets, augment()), width, batch)
+
+                pipelines.append((LIMIT, f"pixels@{DECODED_SIZE}", limit))
+                if width == widths[-1]:
+                    pipelines += _peers(local, work, width, batch, say)
+                _interleaved(pipelines, compute, repeats, functools.partial(row, width=width))
                 if torch.cuda.is_available():  # the workers read bytes; the GPU decodes and crops each batch
                     on_gpu = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-gpu"),
                                                loader=encoded)
                     cold, *warm = _epochs(on_gpu, width, batch, compute, 1 + repeats, on_gpu=True)
-                    row("cache-cold", GPU, width, cold)
+                    row("cache-cold", GPU, cold, width)
                     for report in warm:
-                        row("cache-warm", GPU, width, report)
-                once = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-once"),
-                                         transform=augment(), decode_once=DECODED_SIZE)
-                cold, *warm = _epochs(once, width, batch, compute, 1 + repeats)
-                row("decode-once-cold", f"pil@{DECODED_SIZE}", width, cold)
-                for report in warm:
-                    row("decode-once-warm", f"pil@{DECODED_SIZE}", width, report)
-                decoded = [pixels(once._bytes(i, once.decoded)) for i in range(len(once))]
-                limit = InMemoryImages(decoded, once.targets, augment())
-                for report in _epochs(limit, width, batch, compute, 1 + repeats)[1:]:
-                    row(LIMIT, f"pixels@{DECODED_SIZE}", width, report)
+                        row("cache-warm", GPU, report, width)
                 if width == widths[-1]:  # each pipeline's stages on one core, while no worker runs
                     import random
 
@@ -284,7 +292,6 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                     for name, runs in interleaved_runs(timings, rounds=3).items():
                         stages[name] = {s: statistics.median(r[s] for r in runs) for s in STAGES}
 
-            _peer_rows(row, local, work, widths[-1], batch, compute, repeats, say)
             width = max(2, min(widths[-1], cpus))
             blobs = [data for _, data in flowers.objects()]
             plain_rates, cold_rates = cold_epoch_vs_plain_read(blobs, work, width, compute, files=plain_files,
@@ -330,24 +337,43 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
 PEER_READERS = ("imagefolder-local", *feedpeers.PEERS)
 
 
-def _peer_rows(row: Callable[..., None], folder: Path, work: Path, width: int, batch: int, compute: Any,
-               repeats: int, say: Callable[[str], None]) -> None:
+def _peers(folder: Path, work: Path, width: int, batch: int, say: Callable[[str], None]) -> list[tuple[str, str, Any]]:
     """The feed's peers (:mod:`dataferry.lab.feedpeers`) on the same images, workers and augmentation, where
-    installed: litdata with every decoder, DALI's CPU pipeline with its own; ``repeats`` epochs each after one
-    that warms up."""
-    from dataferry.feed import feed
-
+    installed, as :func:`_interleaved` takes them: litdata with every decoder, DALI's CPU pipeline with its own."""
     missing = feedpeers.missing()
+    peers: list[tuple[str, str, Any]] = []
     if "litdata" not in missing:
-        for decoder in DECODERS:
-            loader = feedpeers.litdata_loader(folder, work, DECODERS[decoder], augment(), width, batch)
-            for report in feed(loader, compute, epochs=1 + repeats)[1:]:
-                row("litdata", decoder, width, report)
+        peers += [("litdata", d, functools.partial(feedpeers.litdata_loader, folder, work, DECODERS[d], augment(), width,
+                                                    batch)) for d in DECODERS]
     if "dali-cpu" not in missing:
-        for report in feed(feedpeers.dali_loader(folder, width, batch), compute, epochs=1 + repeats)[1:]:
-            row("dali-cpu", "dali", width, report)
+        peers.append(("dali-cpu", "dali", functools.partial(feedpeers.dali_loader, folder, width, batch)))
     if missing:
         say(f"  {', '.join(missing)}: not installed here, not measured (pip install 'dataferry[feed-peers]')")
+    return peers
+
+
+#: The first epoch of a pipeline through a cache fills it: its row is the cold one.
+_COLD = {"cache-warm": "cache-cold", "decode-once-warm": "decode-once-cold"}
+
+
+def _interleaved(pipelines: list[tuple[str, str, Callable[[], Any]]], compute: Any, repeats: int,
+                 row: Callable[[str, str, Any], None]) -> None:
+    """Each pipeline (reader, decoder, a call that makes its loader, in order) runs one epoch that warms it up (a
+    cache's first epoch fills it: its cold row), then ``repeats`` rounds of one epoch each, in turn, every loader
+    keeping its workers: a machine that slows down during the run slows every pipeline alike (run one after
+    another, a local ``ImageFolder`` once read 21% slower than the same JPEGs through the cache)."""
+    from dataferry.feed import feed
+
+    loaders = []
+    for reader, decoder, make in pipelines:
+        loader = make()
+        first = feed(loader, compute, epochs=1)[0]
+        if reader in _COLD:
+            row(_COLD[reader], decoder, first)
+        loaders.append((reader, decoder, loader))
+    for _ in range(repeats):
+        for reader, decoder, loader in loaders:
+            row(reader, decoder, feed(loader, compute, epochs=1)[0])
 
 
 def _vs_best_peer(rows: list[dict], reader: str, decoder: str | None, width: int) -> float | None:

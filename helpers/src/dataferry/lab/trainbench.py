@@ -21,12 +21,13 @@ folder over plain reads of the same folder, same workers, page cache dropped bef
 ``mounted_prefetch_gain`` says what the prefetching sampler buys epoch 1 from a gcsfuse mount. Figures are
 ``lab:<profile>`` numbers from this machine; ``make bench-train`` runs it. The pipelines of one worker count take
 their epochs in turns, each loader keeping its workers (:func:`_interleaved`), so that drift in a shared machine
-falls on all of them alike.
+falls on all of them alike (the ``gpu`` rows, only where CUDA is, run theirs after them).
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import statistics
@@ -107,7 +108,8 @@ def _epochs(dataset: Any, workers: int, batch: int, compute: Any, epochs: int = 
 
 
 def _loader(dataset: Any, workers: int, batch: int, on_gpu: bool = False, prefetch: bool = True) -> Any:
-    """The DataLoader of :func:`_epochs`: its ``workers`` worker processes live across epochs."""
+    """The loader of :func:`_epochs`: a DataLoader whose ``workers`` worker processes live across epochs (``on_gpu``:
+    wrapped so that each batch is decoded on the GPU)."""
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
@@ -138,6 +140,14 @@ class _Waited:
         for batch in self.batches:
             torch.cuda.synchronize()
             yield batch
+
+
+def _open_files_up_to_the_hard_limit() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _drop_page_cache(folder: Path) -> None:
@@ -220,6 +230,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
     from dataferry.feed import PROFILES, EmulatedCompute
 
     torch.set_num_threads(1)
+    _open_files_up_to_the_hard_limit()  # every loader of one worker count is open at once, with its workers' pipes
     cpus = os.cpu_count() or 1
     widths = workers or tuple(sorted({1, cpus}))
     compute = EmulatedCompute(PROFILES[profile])
@@ -270,6 +281,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 if width == widths[-1]:
                     pipelines += _peers(local, work, width, batch, say)
                 _interleaved(pipelines, compute, repeats, functools.partial(row, width=width))
+                gc.collect()  # litdata's loaders live in a reference cycle: their workers end here, not in a later epoch
                 if torch.cuda.is_available():  # the workers read bytes; the GPU decodes and crops each batch
                     on_gpu = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-gpu"),
                                                loader=encoded)

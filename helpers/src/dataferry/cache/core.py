@@ -213,13 +213,12 @@ class Cache:
                 raise
             return action(source, source.stat(item))
 
-    def _read(self, source: Source, entry: Entry, expect: Callable[[], str | None],
-              key: str | None = None) -> tuple[bytes, bool, str | None]:
+    def _read(self, source: Source, entry: Entry, key: str,
+              expect: Callable[[], str | None]) -> tuple[bytes, bool, str | None]:
         """The cached copy's bytes, filled first on a miss; a copy of the wrong size is dropped and filled
         again. With whether they came straight from the source (too big for the budget), checked as they came,
         and ``expect()``, asked once the copy is open and before it is read (a copy this read filled needs no
-        query of the index for it). ``key``: the entry's, when the caller has it."""
-        key = key or self.key(source, entry)
+        query of the index for it)."""
         path = self._layout.object_path(key)
         hit = True
         for _ in range(self.max_refetches + 3):
@@ -279,8 +278,7 @@ class Cache:
         key = self.key(source, entry)
         mismatches = unvouched = 0
         while mismatches <= self.max_refetches:
-            data, streamed, expected = self._read(source, entry, functools.partial(self._known_crc, entry, key, False),
-                                                  key)
+            data, streamed, expected = self._read(source, entry, key, functools.partial(self._known_crc, entry, key, False))
             if streamed:
                 return data
             expected = expected or self._known_crc(entry, key) or self._settled_crc(key)  # filled by this read

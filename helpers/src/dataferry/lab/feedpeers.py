@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
 __all__ = ["PEERS", "missing", "litdata_loader", "dali_loader"]
 
@@ -38,12 +39,6 @@ def missing() -> list[str]:
         if not found:
             gone.append(name)
     return gone
-
-
-def _image_files(folder: Path) -> list[tuple[str, int]]:
-    """``(path, class index)`` of every image under ``folder``'s class folders, as ImageFolder numbers them."""
-    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
-    return [(str(p), i) for i, c in enumerate(classes) for p in sorted((folder / c).rglob("*.jpg"))]
 
 
 def _item(entry: tuple[str, int]) -> dict[str, Any]:
@@ -69,21 +64,17 @@ def litdata_loader(folder: Path, work: Path, decode: Callable[[bytes], Any], tra
 
     out = work / "litdata"
     if not (out / "index.json").exists():
+        from torchvision.datasets import ImageFolder
+
         scratch = {"DATA_OPTIMIZER_CACHE_FOLDER": str(work / "litdata-chunks"),  # not the system's temp folder
                    "DATA_OPTIMIZER_DATA_CACHE_FOLDER": str(work / "litdata-data")}
-        before = {k: os.environ.get(k) for k in scratch}
         start_method = multiprocessing.get_start_method(allow_none=True)
-        os.environ.update(scratch)
         try:
-            litdata.optimize(fn=_item, inputs=_image_files(folder), output_dir=str(out), chunk_bytes="16MB",
-                             num_workers=1, verbose=False)
+            with mock.patch.dict(os.environ, scratch):
+                litdata.optimize(fn=_item, inputs=ImageFolder(str(folder)).samples, output_dir=str(out),
+                                 chunk_bytes="16MB", num_workers=1, verbose=False)
         finally:  # optimize sets the process's start method to spawn for good: every later DataLoader's workers
             multiprocessing.set_start_method(start_method, force=True)  # then started slower (epoch 1 at 0.2x)
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     dataset = litdata.StreamingDataset(str(out), shuffle=True, transform=_DecodeAugment(decode, transform))
     return litdata.StreamingDataLoader(dataset, batch_size=batch, num_workers=workers,
                                        persistent_workers=workers > 0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import inspect
 import os
@@ -37,6 +38,13 @@ STALL_S = 30.0  # the longest wait for the next byte of a download before it is 
 RANGE_MIN = 32 << 20  # objects this large come in ranges
 PART = 16 << 20
 RANGES = 16  # ranges of one object in flight at once
+WRITEBACK = 8 << 20  # a range written to a file starts the disk on every this many bytes (see Part.write)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_sync_file_range = getattr(_libc, "sync_file_range", None)
+if _sync_file_range is not None:
+    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_SYNC_FILE_RANGE_WRITE = 2
 
 
 class Sink:
@@ -82,6 +90,7 @@ class Part:
     def __init__(self, sink: Sink, start: int, end: int, deadline: float) -> None:
         self.sink, self.start, self.end, self.deadline = sink, start, end, deadline
         self.n, self.crc = 0, google_crc32c.Checksum()
+        self.started = 0  # bytes of this range whose writing back to disk has been started
 
     def write(self, data: bytes) -> int:
         if time.monotonic() > self.deadline:
@@ -99,6 +108,11 @@ class Part:
                 raise CacheFolderError.writing(e) from e
         self.crc.update(data)
         self.n += len(data)
+        if self.sink.fd >= 0 and self.n - self.started >= WRITEBACK and _sync_file_range is not None:
+            # Start writing these pages to disk now (it does not wait for them): the fill's flush at its end
+            # then finds little left, rather than the whole object dirty in memory (~1.6 s for 512 MiB here).
+            _sync_file_range(self.sink.fd, self.start + self.started, self.n - self.started, _SYNC_FILE_RANGE_WRITE)
+            self.started = self.n
         return len(data)
 
 

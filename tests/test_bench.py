@@ -158,6 +158,23 @@ def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("*.bin")), "nothing left behind"
 
 
+def test_first_epochs_against_the_best_peer_are_taken_repetition_by_repetition():
+    """Each repetition's methods run one after another: dataferry's ratio is the median of the repetitions'
+    ratios to the peer with the fastest median."""
+    from dataferry.lab.peers import ratios
+
+    def runs(*seconds):
+        return [{"seconds": s, "bytes": 60e6, "files": 1, "peak_rss_mib": 1, "cpu_s": 1, "machine_cpu_s": 1}
+                for s in seconds]
+
+    summary = ratios({"gcsfs-get": runs(1.5, 3.0, 1.2), "gcsfuse-file-cache": runs(3.0, 3.0, 3.0),
+                      "dataferry-stage": runs(1.0, 2.0, 0.8), "dataferry-first-read": runs(2.0, 1.0, 2.4)})
+    assert summary["best_peer"] == "gcsfs-get"
+    assert summary["dataferry-stage_vs_best_peer_rounds"] == pytest.approx([1.5, 1.5, 1.5])
+    assert summary["dataferry-stage_vs_best_peer"] == pytest.approx(1.5)
+    assert summary["dataferry-first-read_vs_best_peer"] == pytest.approx(0.75)  # rounds 0.75, 3.0, 0.5
+
+
 def test_bench_au_in_the_lab_prints_and_writes_utilisation_per_profile_method_and_epoch(tmp_path):
     stdout = _cli("bench", "--au", "resnet50-v100-fp32,smallcnn-h100-amp", "--lab", "--files", "8", "--file-kib", "64",
                   "--repeats", "1", "--passes", "2", "--profiles", "colocated", "--methods", "local,cache",
@@ -298,3 +315,23 @@ def test_the_litdata_peer_leaves_the_start_method_and_the_temp_folder_as_they_we
     finally:
         multiprocessing.set_start_method(before, force=True)
     assert sorted(n for batch in loader for n in batch[1].tolist()) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_bench_train_takes_each_ratio_round_by_round_against_the_peer_fastest_overall():
+    """A machine that slows down between rounds slows both sides of a round alike: a ratio is taken round by round
+    (its median is the figure); the peer compared is the one with the fastest median, each round against that same
+    peer's epoch of the round."""
+    from dataferry.lab.trainbench import _per_round, _rates, _vs_best_peer
+
+    def rows(reader, decoder, rates):
+        return [{"reader": reader, "decoder": decoder, "workers": 2, "samples_per_s": r} for r in rates]
+
+    table = (rows("decode-once-warm", "pil@256", [400, 200, 300]) + rows("cache-warm", "pil", [200, 100, 150])
+             + rows("imagefolder-local", "pil", [100, 300, 200]) + rows("litdata", "pil", [250, 50, 120]))
+    once, jpeg = _rates(table, "decode-once-warm", "pil@256", 2), _rates(table, "cache-warm", "pil", 2)
+    assert _per_round(once, jpeg) == [2.0, 2.0, 2.0]
+    assert _vs_best_peer(table, "cache-warm", "pil", 2) == [2.0, 1 / 3, 0.75]  # ImageFolder: median 200 > 120
+    assert _vs_best_peer(table, "decode-once-warm", None, 2) == [4.0, 2 / 3, 1.5]
+    assert _vs_best_peer(table, "cache-warm", "torchvision", 2) == []
+    with pytest.raises(ValueError):
+        _per_round([1.0, 2.0], [1.0])  # rounds that do not pair are a bug, not a ratio

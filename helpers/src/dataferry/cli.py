@@ -453,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--out", type=_path, default="build/bench/train.json")
     bt.add_argument("--images", type=_whole(5, 10**7), default=800, help="flower JPEGs (a fifth per class)")
     bt.add_argument("--batch", type=_whole(1, 10**6), default=32)
-    bt.add_argument("--repeats", type=_whole(1, 1000), default=5, help="warm epochs per reader, and cold-epoch runs")
+    bt.add_argument("--repeats", type=_whole(1, 1000), default=7, help="rounds of warm epochs (one per pipeline), and cold-epoch runs")
     bt.add_argument("--plain-files", type=_whole(1, 10**7), default=4000, help="files in the cold-epoch vs plain-read comparison")
     bt.add_argument("--compute", choices=list(COMPUTE_PROFILES), default="resnet50-h100-amp",
                     help="the emulated accelerator AU is measured against")

@@ -250,7 +250,8 @@ def _against_peers(lab: Lab, work: Path, repeats: int, profiles: Sequence[str], 
             ratio = min(summary[f"{m}_vs_best_peer"] for m in DATAFERRY)
             worst = ratio if worst is None else min(worst, ratio)
             say(f"  best peer {summary['best_peer']}: " + ", ".join(
-                f"{m} x{summary[f'{m}_vs_best_peer']:.2f}" for m in DATAFERRY))
+                f"{m} x{summary[f'{m}_vs_best_peer']:.2f} ({min(summary[f'{m}_vs_best_peer_rounds']):.2f}-"
+                f"{max(summary[f'{m}_vs_best_peer_rounds']):.2f} by repetition)" for m in DATAFERRY))
             busy = [row["machine_busy"] for row in summary["methods"].values()]
             say("  CPU s of each method's process: " + ", ".join(
                 f"{m} {row['median_cpu_s']:.2f}" for m, row in summary["methods"].items())
@@ -258,5 +259,5 @@ def _against_peers(lab: Lab, work: Path, repeats: int, profiles: Sequence[str], 
         out[f"first_vs_best_peer_{which}"] = worst
         out["peers_conditions"][which] = (f"{n} x {size // KiB:,} KiB, {', '.join(PROFILES[p].label for p in profiles)}; "
                                           f"the lower of stage and first-read over the fastest of {', '.join(PEERS)}, "
-                                          f"worst profile, median of {repeats}")
+                                          f"worst profile, the median of {repeats} repetitions' ratios")
     return out

@@ -181,7 +181,8 @@ def first_epochs(lab: Any, bucket: str, prefix: str, work: Path, methods: tuple[
 
 def ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Median MB/s per method (with min-max), its median CPU seconds and the machine's (busy: the
-    share of every core the machine kept busy), and each dataferry method over the fastest peer."""
+    share of every core the machine kept busy), and each dataferry method over the fastest peer (by its median):
+    the median of the repetitions' ratios, each repetition's methods run one after another, with the ratios."""
     rates = {m: [r["bytes"] / r["seconds"] / 1e6 for r in rs] for m, rs in runs.items()}
     table = {m: {"median_MBps": statistics.median(v), "min_MBps": min(v), "max_MBps": max(v), "n": len(v),
                  "median_s": statistics.median(r["seconds"] for r in runs[m]),
@@ -195,8 +196,10 @@ def ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {"methods": table, "best_peer": best}
     if best:
         for m in DATAFERRY:
-            if m in table:
-                out[f"{m}_vs_best_peer"] = table[m]["median_MBps"] / table[best]["median_MBps"]
+            if m in table:  # round by round: the methods of a repetition ran a moment apart, in a shuffled order
+                rounds = [ours / theirs for ours, theirs in zip(rates[m], rates[best], strict=True)]
+                out[f"{m}_vs_best_peer"] = statistics.median(rounds)
+                out[f"{m}_vs_best_peer_rounds"] = rounds
     return out
 
 

@@ -21,7 +21,8 @@ folder over plain reads of the same folder, same workers, page cache dropped bef
 ``mounted_prefetch_gain`` says what the prefetching sampler buys epoch 1 from a gcsfuse mount. Figures are
 ``lab:<profile>`` numbers from this machine; ``make bench-train`` runs it. The pipelines of one worker count take
 their epochs in turns, each loader keeping its workers (:func:`_interleaved`), so that drift in a shared machine
-falls on all of them alike (the ``gpu`` rows, only where CUDA is, run theirs after them).
+falls on all of them alike (the ``gpu`` rows, only where CUDA is, run theirs after them); each ratio is the median of
+the ratios of its rounds (``ratio_rounds`` in the JSON: their spread is printed beside it).
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ def mounted_epoch_rates(lab: Lab, blobs: list[bytes], work: Path, width: int, co
 
 def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: int = 800, batch: int = 32,
                 workers: tuple[int, ...] | None = None, profile: str = "resnet50-h100-amp",
-                region: str = "same-continent", plain_files: int = 4000, repeats: int = 5,
+                region: str = "same-continent", plain_files: int = 4000, repeats: int = 7,
                 say: Callable[[str], None] = print) -> dict:
     """Run the benchmark, print its table and write ``out`` (JSON). ``images`` flower JPEGs (a fifth per
     class) are served by a lab bucket under ``region`` and written to a local folder; ``workers`` defaults
@@ -312,10 +313,6 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                                                              files=min(plain_files, 600), repeats=repeats, batch=batch,
                                                              say=say)
 
-    def median(reader: str, decoder: str, width: int) -> float:
-        return statistics.median(r["samples_per_s"] for r in rows
-                                 if (r["reader"], r["decoder"], r["workers"]) == (reader, decoder, width))
-
     top = widths[-1]
     results = {
         "machine": {"cpus": cpus, "torch_threads": 1}, "where": f"lab:{region}", "images": images, "batch": batch,
@@ -323,21 +320,25 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                     "source": PROFILES[profile].source},
         "decode_ms_per_sample": ms_per_sample, "rows": rows,
         "plain_read_files_per_s": plain_rates, "cold_epoch_files_per_s": cold_rates, "cold_epoch_workers": width,
-        "decode_once_vs_jpeg_warm": median("decode-once-warm", f"pil@{DECODED_SIZE}", top) / median("cache-warm", "pil", top),
-        "decode_once_vs_limit": median("decode-once-warm", f"pil@{DECODED_SIZE}", top) / median(LIMIT, f"pixels@{DECODED_SIZE}", top),
         "stage_us": stages,
-        "cold_epoch_vs_plain_read": statistics.median(cold_rates) / statistics.median(plain_rates),
         "mounted_files_per_s": {"prefetching": ahead_rates, "without": alone_rates},
         "mounted_prefetch_gain": (statistics.median(ahead_rates) / statistics.median(alone_rates)
                                   if ahead_rates and alone_rates else None),
         "peers_missing": feedpeers.missing(),
-        "decode_once_vs_best_peer": _vs_best_peer(rows, "decode-once-warm", None, top),
-        "jpeg_cache_vs_best_peer": min((r for d in DECODERS if (r := _vs_best_peer(rows, "cache-warm", d, top))),
-                                       default=None),
         "goals": {"decode_once_vs_jpeg_warm": ">= 2.0", "decode_once_vs_limit": ">= 0.75",
                   "decode_once_vs_best_peer": "> 1.0", "jpeg_cache_vs_best_peer": ">= 1.0",
                   "cold_epoch_vs_plain_read": ">= 0.8"},
     }
+    once, jpeg = ("decode-once-warm", f"pil@{DECODED_SIZE}"), ("cache-warm", "pil")
+    by_round = {"decode_once_vs_jpeg_warm": _per_round(_rates(rows, *once, top), _rates(rows, *jpeg, top)),
+                "decode_once_vs_limit": _per_round(_rates(rows, *once, top),
+                                                   _rates(rows, LIMIT, f"pixels@{DECODED_SIZE}", top)),
+                "cold_epoch_vs_plain_read": _per_round(cold_rates, plain_rates),
+                "decode_once_vs_best_peer": _vs_best_peer(rows, "decode-once-warm", None, top)}
+    jpeg_vs_peers = [r for d in DECODERS if (r := _vs_best_peer(rows, "cache-warm", d, top))]
+    by_round["jpeg_cache_vs_best_peer"] = min(jpeg_vs_peers, key=statistics.median, default=[])
+    results["ratio_rounds"] = by_round  # each ratio of one round's epochs, in round order
+    results.update({name: statistics.median(ratios) if ratios else None for name, ratios in by_round.items()})
     say(_table(results, top))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=1))
@@ -388,18 +389,27 @@ def _interleaved(pipelines: list[tuple[str, str, Callable[[], Any]]], compute: A
             row(reader, decoder, feed(loader, compute, epochs=1)[0])
 
 
-def _vs_best_peer(rows: list[dict], reader: str, decoder: str | None, width: int) -> float | None:
-    """``reader``'s median samples/s over the fastest peer's (only peers decoding with ``decoder``, if given), at
-    ``width`` workers; None when no peer ran."""
-    def median(of_reader: str, of: str | None) -> float | None:
-        rates = [r["samples_per_s"] for r in rows
-                 if r["workers"] == width and r["reader"] == of_reader and (of is None or r["decoder"] == of)]
-        return statistics.median(rates) if rates else None
+def _rates(rows: list[dict], reader: str, decoder: str, width: int) -> list[float]:
+    """The samples/s of one pipeline's warm epochs at ``width`` workers, in round order."""
+    return [r["samples_per_s"] for r in rows if (r["reader"], r["decoder"], r["workers"]) == (reader, decoder, width)]
 
+
+def _per_round(ours: list[float], theirs: list[float]) -> list[float]:
+    """One ratio per round: the epochs of a round ran in turn, a moment apart, so a machine that speeds up or slows
+    down between rounds moves both sides of a ratio alike (the ratio of two medians of 5 moved by up to 40% between
+    runs here). Its median is the figure."""
+    return [a / b for a, b in zip(ours, theirs, strict=True)]
+
+
+def _vs_best_peer(rows: list[dict], reader: str, decoder: str | None, width: int) -> list[float]:
+    """``reader``'s epochs over the fastest peer's in the same rounds (only peers decoding with ``decoder``, if
+    given; the fastest by its median), at ``width`` workers; [] when no peer ran."""
     decoders = {r["decoder"] for r in rows} if decoder is None else {decoder}
-    best = max((m for p in PEER_READERS for d in decoders if (m := median(p, d)) is not None), default=None)
-    ours = median(reader, decoder)
-    return None if best is None or ours is None else ours / best
+    peers = [rates for p in PEER_READERS for d in sorted(decoders) if (rates := _rates(rows, p, d, width))]
+    ours = [rate for d in sorted(decoders) for rate in _rates(rows, reader, d, width)]
+    if not peers or not ours:
+        return []
+    return _per_round(ours, max(peers, key=statistics.median))
 
 
 def _table(results: dict, width: int) -> str:
@@ -423,7 +433,9 @@ def _table(results: dict, width: int) -> str:
         lines.append(f"not measured: {', '.join(results['peers_missing'])} (not installed here: pip install "
                      "'dataferry[feed-peers]', or run make bench-train)")
     for key, goal in results["goals"].items():
-        got = "not measured" if results[key] is None else f"{results[key]:.2f}"
+        rounds = results["ratio_rounds"][key]
+        got = "not measured" if results[key] is None else (
+            f"{results[key]:.2f}, the median of {len(rounds)} rounds' ratios ({min(rounds):.2f}-{max(rounds):.2f})")
         lines.append(f"{key}: {got} (goal {goal}; {width} workers)")
     gain = results["mounted_prefetch_gain"]
     lines.append(f"mounted_prefetch_gain: {'not measured (no gcsfuse)' if gain is None else f'{gain:.2f}'} (epoch 1 "

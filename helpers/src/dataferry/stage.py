@@ -197,8 +197,9 @@ class Prefetcher:
     def advance(self, position: int) -> None:
         """The reader is at ``position`` in ``order``: queue what the window now allows."""
         with self._lock:
-            for passed in range(self._position, min(position, self._next)):
-                self._window -= self.order[passed].size
+            if self._most is not None:  # the window's bytes matter under a budget only (an entry is made to know them)
+                for passed in range(self._position, min(position, self._next)):
+                    self._window -= self.order[passed].size
             self._position = max(self._position, position)
             self._top_up()
 

@@ -107,10 +107,12 @@ def main() -> None:
         cold = []
         blobs = [data for _, data in flowers.objects()]
         for width in (int(w) for w in args.cold_widths.split(",") if w):
-            plain, cached = cold_epoch_vs_plain_read(blobs, work / f"cold-{width}", width, EmulatedCompute(resnet),
-                                                     files=args.cold_files, repeats=args.repeats, batch=64,
-                                                     say=lambda s: print(s, flush=True))
-            cold.append({"workers": width, "plain_files_per_s": plain, "cold_files_per_s": cached})
+            plain, cached, written = cold_epoch_vs_plain_read(blobs, work / f"cold-{width}", width,
+                                                              EmulatedCompute(resnet), files=args.cold_files,
+                                                              repeats=args.repeats, batch=64,
+                                                              say=lambda s: print(s, flush=True))
+            cold.append({"workers": width, "plain_files_per_s": plain, "cold_files_per_s": cached,
+                         "copies_written_files_per_s": written})
         out["cold_epoch"] = cold
 
     print(f"\nResNet-50 trained on {len(sizes)} flower JPEGs ({args.workers} workers, batch {args.batch}, "

@@ -135,10 +135,10 @@ def test_a_run_over_files_of_many_sizes_is_one_size_class(tmp_path):
 def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_bucket, tmp_path):
     """The peer section of `make bench-cache` on small data: every method, dataferry's and the
     peers' (gcsfs, transfer_manager, gcsfuse's file cache), reads all of the same objects, cold."""
-    from dataferry.lab.peers import DATAFERRY, PEERS, first_epochs, ratios
+    from dataferry.lab.peers import DATAFERRY, DISK, PEERS, first_epochs, ratios
 
     ds = plan_dataset(30, 20_000, prefix="peer", seed=6, shard_bytes=None).upload(lab_bucket)
-    runs = first_epochs(gcsfuse_lab, lab_bucket.name, "peer/files/", tmp_path / "work", PEERS + DATAFERRY,
+    runs = first_epochs(gcsfuse_lab, lab_bucket.name, "peer/files/", tmp_path / "work", (*PEERS, *DATAFERRY, DISK),
                         repeats=1, seed=3, say=lambda _: None)
     for method, (run,) in runs.items():
         assert (run["files"], run["bytes"]) == (30, ds.total_bytes), method
@@ -147,14 +147,14 @@ def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_
         assert 0 <= run["cpu_s"] <= run["machine_cpu_s"] + 0.05, method
         # a method that downloads in its own process spends CPU there; gcsfuse's reader may not (its
         # daemon downloads), and 30 small reads can take under one 10 ms tick
-        assert run["cpu_s"] > 0 or method == "gcsfuse-file-cache", method
+        assert run["cpu_s"] > 0 or method in ("gcsfuse-file-cache", DISK), method
     summary = ratios(runs)
     assert summary["best_peer"] in PEERS
     for method, (run,) in runs.items():
         row = summary["methods"][method]
         assert (row["median_cpu_s"], row["median_machine_cpu_s"]) == (run["cpu_s"], run["machine_cpu_s"])
         assert row["machine_busy"] == run["machine_cpu_s"] / (run["seconds"] * os.cpu_count())
-    assert all(summary[f"{m}_vs_best_peer"] > 0 for m in DATAFERRY)
+    assert all(summary[f"{m}_vs_best_peer"] > 0 and summary[f"{m}_vs_limit"] > 0 for m in DATAFERRY)
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("*.bin")), "nothing left behind"
 
 
@@ -173,6 +173,12 @@ def test_first_epochs_against_the_best_peer_are_taken_repetition_by_repetition()
     assert summary["dataferry-stage_vs_best_peer_rounds"] == pytest.approx([1.5, 1.5, 1.5])
     assert summary["dataferry-stage_vs_best_peer"] == pytest.approx(1.5)
     assert summary["dataferry-first-read_vs_best_peer"] == pytest.approx(0.75)  # rounds 0.75, 3.0, 0.5
+    assert "dataferry-stage_vs_limit" not in summary, "no disk measured: no limit"
+    with_disk = ratios({"gcsfs-get": runs(1.5, 3.0, 1.2), "dataferry-stage": runs(1.0, 2.0, 0.8),
+                        "dataferry-first-read": runs(2.0, 1.0, 2.4), "local-durable-write": runs(2.0, 1.0, 2.4)})
+    # each round over the slower of the best peer and the disk: 1.0/2.0, 2.0/3.0, 0.8/2.4 seconds
+    assert with_disk["dataferry-stage_vs_limit_rounds"] == pytest.approx([2.0, 1.5, 3.0])
+    assert with_disk["dataferry-first-read_vs_limit"] == pytest.approx(1.0)
 
 
 def test_bench_au_in_the_lab_prints_and_writes_utilisation_per_profile_method_and_epoch(tmp_path):
@@ -234,6 +240,8 @@ def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(t
     for r in got["rows"]:
         assert r["samples_per_s"] > 0 and 0 < r["au"] <= 1.05 and 0 <= r["wait_share"] <= 1, r
     assert got["decode_once_vs_jpeg_warm"] > 0 and got["cold_epoch_vs_plain_read"] > 0
+    assert len(got["copies_written_files_per_s"]) == 1 and got["cold_epoch_vs_read_then_write"] > 0
+    assert "cold_epoch_vs_read_then_write" in stdout, "epoch 1 against what reading and then writing allow"
     from dataferry.mounts.fuse import fuse_status
 
     mounted = got["mounted_files_per_s"]

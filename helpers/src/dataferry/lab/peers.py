@@ -28,11 +28,14 @@ from typing import Any
 
 from dataferry.timing import drop_caches
 
-__all__ = ["PEERS", "DATAFERRY", "WIDTH", "first_epochs", "ratios"]
+__all__ = ["PEERS", "DATAFERRY", "DISK", "WIDTH", "first_epochs", "ratios"]
 
 WIDTH = 32  # the reader width every pooled method gets (dataferry's default staging width)
 PEERS = ("gcsfs-get", "transfer-manager-threads", "gcsfuse-file-cache")
 DATAFERRY = ("dataferry-stage", "dataferry-first-read")
+#: Not a method: this disk's limit for a cache that keeps its copies across a crash. The same bytes, already in
+#: memory, written to new files, made durable (one syncfs, as the cache makes a group durable) and read once.
+DISK = "local-durable-write"
 
 
 def _read_all(paths: list[str]) -> int:
@@ -113,6 +116,30 @@ def _dataferry(bucket: str, prefix: str, work: str, how: str) -> Callable[[], tu
     return epoch
 
 
+def _durable_write(bucket: str, prefix: str, work: str) -> Callable[[], tuple[int, int]]:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    from dataferry.cache.placing import syncfs
+
+    client = storage.Client(project="dataferry-lab", credentials=AnonymousCredentials())
+    sizes = [b.size for b in client.list_blobs(bucket, prefix=prefix)]
+    data = os.urandom(max(sizes, default=0))
+
+    def write(i: int) -> None:
+        with open(os.path.join(work, f"{i:06d}"), "wb") as f:
+            f.write(memoryview(data)[:sizes[i]])
+
+    def epoch() -> tuple[int, int]:
+        with ThreadPoolExecutor(WIDTH) as pool:
+            list(pool.map(write, range(len(sizes))))
+        syncfs(work)
+        paths = _files(work)
+        return len(paths), _read_all(paths)
+
+    return epoch
+
+
 def _machine_busy_s() -> float:
     """CPU seconds the whole machine has spent busy (not idle, not waiting for I/O) since boot."""
     with open("/proc/stat") as f:
@@ -129,6 +156,8 @@ def _child(method: str, bucket: str, prefix: str, work: str) -> dict[str, Any]:
         epoch = _transfer_manager(bucket, prefix, work)
     elif method == "gcsfuse-file-cache":
         epoch = _gcsfuse_read(work, prefix)
+    elif method == DISK:
+        epoch = _durable_write(bucket, prefix, work)
     else:
         epoch = _dataferry(bucket, prefix, work, method.removeprefix("dataferry-"))
     t0, cpu0, busy0 = time.perf_counter(), os.times(), _machine_busy_s()
@@ -182,7 +211,8 @@ def first_epochs(lab: Any, bucket: str, prefix: str, work: Path, methods: tuple[
 def ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Median MB/s per method (with min-max), its median CPU seconds and the machine's (busy: the
     share of every core the machine kept busy), and each dataferry method over the fastest peer (by its median):
-    the median of the repetitions' ratios, each repetition's methods run one after another, with the ratios."""
+    the median of the repetitions' ratios, each repetition's methods run one after another, with the ratios; where
+    :data:`DISK` ran, each over the slower of that peer and the disk, the same way."""
     rates = {m: [r["bytes"] / r["seconds"] / 1e6 for r in rs] for m, rs in runs.items()}
     table = {m: {"median_MBps": statistics.median(v), "min_MBps": min(v), "max_MBps": max(v), "n": len(v),
                  "median_s": statistics.median(r["seconds"] for r in runs[m]),
@@ -200,6 +230,13 @@ def ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 rounds = [ours / theirs for ours, theirs in zip(rates[m], rates[best], strict=True)]
                 out[f"{m}_vs_best_peer"] = statistics.median(rounds)
                 out[f"{m}_vs_best_peer_rounds"] = rounds
+    if best and DISK in table:  # the limit of a durable cache: the network (the best peer's pace) or this disk
+        for m in DATAFERRY:
+            if m in table:
+                rounds = [ours / min(theirs, disk) for ours, theirs, disk in zip(rates[m], rates[best], rates[DISK],
+                                                                                   strict=True)]
+                out[f"{m}_vs_limit"] = statistics.median(rounds)
+                out[f"{m}_vs_limit_rounds"] = rounds
     return out
 
 

@@ -157,13 +157,37 @@ def _drop_page_cache(folder: Path) -> None:
     evict([str(p) for p in folder.rglob("*") if p.is_file()])
 
 
+class _WritesCopies:
+    """Epoch 1's copies alone: sample ``i`` is a file written (created, written, renamed) into one of 256 folders
+    under ``folder``, as the cache places its copies; nothing is read. A worker that reads a file and then writes its
+    copy can go no faster than these two rates allow one after the other."""
+
+    def __init__(self, blobs: list[bytes], folder: Path, files: int) -> None:
+        self.blobs, self.folder, self.files = blobs, folder, files
+        for i in range(256):
+            (folder / f"{i:02x}").mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        return self.files
+
+    def __getitem__(self, i: int) -> int:
+        path = self.folder / f"{i % 256:02x}" / f"{i:06d}"
+        data = self.blobs[i % len(self.blobs)]
+        with open(f"{path}.part", "wb") as f:
+            f.write(data)
+        os.replace(f"{path}.part", path)
+        return len(data)
+
+
 def cold_epoch_vs_plain_read(blobs: list[bytes], work: Path, width: int, compute: Any, *, files: int = 4000,
-                             repeats: int = 3, batch: int = 32, say: Callable[[str], None] = print) -> tuple[list[float], list[float]]:
+                             repeats: int = 3, batch: int = 32,
+                             say: Callable[[str], None] = print) -> tuple[list[float], list[float], list[float]]:
     """Epoch 1 through the cache from a folder vs plain reads of the same folder, bytes only (no decoding):
     ``files`` files (``blobs`` over and over, 50 folders) under ``work``, read by ``width`` DataLoader
     workers into ``compute``, the page cache dropped before each; ``repeats`` times each, through the
-    prefetching sampler as a user would (which leaves a folder on local disk to the workers). Returns the
-    files/s of each plain read and of each cache epoch 1."""
+    prefetching sampler as a user would (which leaves a folder on local disk to the workers); and, in each
+    round, the same workers writing the copies alone (:class:`_WritesCopies`). Returns the files/s of each plain
+    read, of each cache epoch 1 and of each writing of the copies."""
     from dataferry import Cache, CachedDataset, LocalSource
     from dataferry.dataset import SourceDataset
 
@@ -174,7 +198,7 @@ def cold_epoch_vs_plain_read(blobs: list[bytes], work: Path, width: int, compute
         path.write_bytes(blobs[i % len(blobs)])
     source = LocalSource(folder)
     entries = sorted(source.list(), key=lambda e: e.name)
-    plain_rates, cold_rates = [], []
+    plain_rates, cold_rates, write_rates = [], [], []
     for r in range(repeats):
         _drop_page_cache(folder)
         report = _epochs(SourceDataset(source, entries, decode=len), width, batch, compute)[0]
@@ -183,9 +207,11 @@ def cold_epoch_vs_plain_read(blobs: list[bytes], work: Path, width: int, compute
         cached = CachedDataset(source, Cache(work / f"cold-{width}-{r}"), decode=len)
         report = _epochs(cached, width, batch, compute)[0]
         cold_rates.append(report.samples_per_s)
-        say(f"  plain read {plain_rates[-1]:6.0f} files/s, cache epoch 1 {cold_rates[-1]:6.0f} files/s "
-            f"({width} workers, {files} files)")
-    return plain_rates, cold_rates
+        report = _epochs(_WritesCopies(blobs, work / f"copies-{width}-{r}", files), width, batch, compute)[0]
+        write_rates.append(report.samples_per_s)
+        say(f"  plain read {plain_rates[-1]:6.0f} files/s, cache epoch 1 {cold_rates[-1]:6.0f} files/s, writing the "
+            f"copies alone {write_rates[-1]:6.0f} files/s ({width} workers, {files} files)")
+    return plain_rates, cold_rates, write_rates
 
 
 def mounted_epoch_rates(lab: Lab, blobs: list[bytes], work: Path, width: int, compute: Any, *, files: int = 300,
@@ -307,8 +333,8 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
 
             width = max(2, min(widths[-1], cpus))
             blobs = [data for _, data in flowers.objects()]
-            plain_rates, cold_rates = cold_epoch_vs_plain_read(blobs, work, width, compute, files=plain_files,
-                                                               repeats=repeats, batch=batch, say=say)
+            plain_rates, cold_rates, write_rates = cold_epoch_vs_plain_read(
+                blobs, work, width, compute, files=plain_files, repeats=repeats, batch=batch, say=say)
             ahead_rates, alone_rates = mounted_epoch_rates(lab, blobs, work, width, compute,
                                                              files=min(plain_files, 600), repeats=repeats, batch=batch,
                                                              say=say)
@@ -320,6 +346,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                     "source": PROFILES[profile].source},
         "decode_ms_per_sample": ms_per_sample, "rows": rows,
         "plain_read_files_per_s": plain_rates, "cold_epoch_files_per_s": cold_rates, "cold_epoch_workers": width,
+        "copies_written_files_per_s": write_rates,
         "stage_us": stages,
         "mounted_files_per_s": {"prefetching": ahead_rates, "without": alone_rates},
         "mounted_prefetch_gain": (statistics.median(ahead_rates) / statistics.median(alone_rates)
@@ -334,6 +361,9 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 "decode_once_vs_limit": _per_round(_rates(rows, *once, top),
                                                    _rates(rows, LIMIT, f"pixels@{DECODED_SIZE}", top)),
                 "cold_epoch_vs_plain_read": _per_round(cold_rates, plain_rates),
+                # what reading the files and then writing their copies allows, each at its own measured rate
+                "cold_epoch_vs_read_then_write": _per_round(cold_rates, [1 / (1 / p + 1 / w) for p, w in
+                                                                         zip(plain_rates, write_rates)]),
                 "decode_once_vs_best_peer": _vs_best_peer(rows, "decode-once-warm", None, top)}
     jpeg_vs_peers = [r for d in DECODERS if (r := _vs_best_peer(rows, "cache-warm", d, top))]
     by_round["jpeg_cache_vs_best_peer"] = min(jpeg_vs_peers, key=statistics.median, default=[])
@@ -437,6 +467,11 @@ def _table(results: dict, width: int) -> str:
         got = "not measured" if results[key] is None else (
             f"{results[key]:.2f}, the median of {len(rounds)} rounds' ratios ({min(rounds):.2f}-{max(rounds):.2f})")
         lines.append(f"{key}: {got} (goal {goal}; {width} workers)")
+    floor = results["ratio_rounds"]["cold_epoch_vs_read_then_write"]
+    lines.append(f"cold_epoch_vs_read_then_write: {results['cold_epoch_vs_read_then_write']:.2f} ({min(floor):.2f}-"
+                 f"{max(floor):.2f}): epoch 1 over what reading the files (plain read, "
+                 f"{statistics.median(results['plain_read_files_per_s']):,.0f} files/s) and then writing their copies "
+                 f"({statistics.median(results['copies_written_files_per_s']):,.0f} files/s, alone) allow on this disk")
     gain = results["mounted_prefetch_gain"]
     lines.append(f"mounted_prefetch_gain: {'not measured (no gcsfuse)' if gain is None else f'{gain:.2f}'} (epoch 1 "
                  "from a gcsfuse mount through the cache, with the prefetching sampler over without; "

@@ -338,8 +338,8 @@ def test_bench_train_takes_each_ratio_round_by_round_against_the_peer_fastest_ov
              + rows("imagefolder-local", "pil", [100, 300, 200]) + rows("litdata", "pil", [250, 50, 120]))
     once, jpeg = _rates(table, "decode-once-warm", "pil@256", 2), _rates(table, "cache-warm", "pil", 2)
     assert _per_round(once, jpeg) == [2.0, 2.0, 2.0]
-    assert _vs_best_peer(table, "cache-warm", "pil", 2) == [2.0, 1 / 3, 0.75]  # ImageFolder: median 200 > 120
-    assert _vs_best_peer(table, "decode-once-warm", None, 2) == [4.0, 2 / 3, 1.5]
-    assert _vs_best_peer(table, "cache-warm", "torchvision", 2) == []
+    assert _vs_best_peer(table, jpeg, "pil", 2) == [2.0, 1 / 3, 0.75]  # ImageFolder: median 200 > 120
+    assert _vs_best_peer(table, once, None, 2) == [4.0, 2 / 3, 1.5]
+    assert _vs_best_peer(table, _rates(table, "cache-warm", "torchvision", 2), "torchvision", 2) == []
     with pytest.raises(ValueError):
         _per_round([1.0, 2.0], [1.0])  # rounds that do not pair are a bug, not a ratio

@@ -329,7 +329,8 @@ def test_bench_train_takes_each_ratio_round_by_round_against_the_peer_fastest_ov
     """A machine that slows down between rounds slows both sides of a round alike: a ratio is taken round by round
     (its median is the figure); the peer compared is the one with the fastest median, each round against that same
     peer's epoch of the round."""
-    from dataferry.lab.trainbench import _per_round, _rates, _vs_best_peer
+    from dataferry.lab.peers import per_round
+    from dataferry.lab.trainbench import _rates, _vs_best_peer
 
     def rows(reader, decoder, rates):
         return [{"reader": reader, "decoder": decoder, "workers": 2, "samples_per_s": r} for r in rates]
@@ -337,9 +338,9 @@ def test_bench_train_takes_each_ratio_round_by_round_against_the_peer_fastest_ov
     table = (rows("decode-once-warm", "pil@256", [400, 200, 300]) + rows("cache-warm", "pil", [200, 100, 150])
              + rows("imagefolder-local", "pil", [100, 300, 200]) + rows("litdata", "pil", [250, 50, 120]))
     once, jpeg = _rates(table, "decode-once-warm", "pil@256", 2), _rates(table, "cache-warm", "pil", 2)
-    assert _per_round(once, jpeg) == [2.0, 2.0, 2.0]
+    assert per_round(once, jpeg) == [2.0, 2.0, 2.0]
     assert _vs_best_peer(table, jpeg, "pil", 2) == [2.0, 1 / 3, 0.75]  # ImageFolder: median 200 > 120
     assert _vs_best_peer(table, once, None, 2) == [4.0, 2 / 3, 1.5]
     assert _vs_best_peer(table, _rates(table, "cache-warm", "torchvision", 2), "torchvision", 2) == []
     with pytest.raises(ValueError):
-        _per_round([1.0, 2.0], [1.0])  # rounds that do not pair are a bug, not a ratio
+        per_round([1.0, 2.0], [1.0])  # rounds that do not pair are a bug, not a ratio

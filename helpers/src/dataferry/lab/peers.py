@@ -28,7 +28,7 @@ from typing import Any
 
 from dataferry.timing import drop_caches
 
-__all__ = ["PEERS", "DATAFERRY", "DISK", "WIDTH", "first_epochs", "ratios"]
+__all__ = ["PEERS", "DATAFERRY", "DISK", "WIDTH", "first_epochs", "per_round", "ratios"]
 
 WIDTH = 32  # the reader width every pooled method gets (dataferry's default staging width)
 PEERS = ("gcsfs-get", "transfer-manager-threads", "gcsfuse-file-cache")
@@ -224,20 +224,23 @@ def ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     peers = [m for m in table if m in PEERS]
     best = max(peers, key=lambda m: table[m]["median_MBps"]) if peers else None
     out: dict[str, Any] = {"methods": table, "best_peer": best}
-    if best:
-        for m in DATAFERRY:
-            if m in table:  # round by round: the methods of a repetition ran a moment apart, in a shuffled order
-                rounds = [ours / theirs for ours, theirs in zip(rates[m], rates[best], strict=True)]
-                out[f"{m}_vs_best_peer"] = statistics.median(rounds)
-                out[f"{m}_vs_best_peer_rounds"] = rounds
-    if best and DISK in table:  # the limit of a durable cache: the network (the best peer's pace) or this disk
-        for m in DATAFERRY:
-            if m in table:
-                rounds = [ours / min(theirs, disk) for ours, theirs, disk in zip(rates[m], rates[best], rates[DISK],
-                                                                                   strict=True)]
-                out[f"{m}_vs_limit"] = statistics.median(rounds)
-                out[f"{m}_vs_limit_rounds"] = rounds
+    over = {}
+    if best:  # round by round: the methods of a repetition ran a moment apart, in a shuffled order
+        over["best_peer"] = rates[best]
+        if DISK in table:  # the limit of a durable cache: the network (the best peer's pace) or this disk
+            over["limit"] = [min(peer, disk) for peer, disk in zip(rates[best], rates[DISK], strict=True)]
+    for m in (m for m in DATAFERRY if m in table):
+        for name, theirs in over.items():
+            out[f"{m}_vs_{name}_rounds"] = rounds = per_round(rates[m], theirs)
+            out[f"{m}_vs_{name}"] = statistics.median(rounds)
     return out
+
+
+def per_round(ours: list[float], theirs: list[float]) -> list[float]:
+    """One ratio per round: the methods of a round ran in turn, a moment apart, so a machine that speeds up or slows
+    down between rounds moves both sides of a ratio alike (the ratio of two medians of 5 moved by up to 40% between
+    runs here). Its median is the figure."""
+    return [a / b for a, b in zip(ours, theirs, strict=True)]
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from dataferry.decode import DECODERS, encoded, pixels
 from dataferry.lab import feedpeers
 from dataferry.lab.core import Lab
 from dataferry.lab.flowers import plan_flowers
+from dataferry.lab.peers import per_round
 
 __all__ = ["InMemoryImages", "bench_train", "cold_epoch_vs_plain_read", "mounted_epoch_rates"]
 
@@ -363,12 +364,12 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                   "cold_epoch_vs_plain_read": ">= 0.8"},
     }
     once, jpeg = ("decode-once-warm", f"pil@{DECODED_SIZE}"), ("cache-warm", "pil")
-    by_round = {"decode_once_vs_jpeg_warm": _per_round(_rates(rows, *once, top), _rates(rows, *jpeg, top)),
-                "decode_once_vs_limit": _per_round(_rates(rows, *once, top),
+    by_round = {"decode_once_vs_jpeg_warm": per_round(_rates(rows, *once, top), _rates(rows, *jpeg, top)),
+                "decode_once_vs_limit": per_round(_rates(rows, *once, top),
                                                    _rates(rows, LIMIT, f"pixels@{DECODED_SIZE}", top)),
-                "cold_epoch_vs_plain_read": _per_round(cold_rates, plain_rates),
+                "cold_epoch_vs_plain_read": per_round(cold_rates, plain_rates),
                 # against reading the files and then writing their copies, each at its own measured rate
-                "cold_epoch_vs_read_then_write": _per_round(cold_rates, [1 / (1 / p + 1 / w) for p, w in
+                "cold_epoch_vs_read_then_write": per_round(cold_rates, [1 / (1 / p + 1 / w) for p, w in
                                                                          zip(plain_rates, write_rates)]),
                 "decode_once_vs_best_peer": _vs_best_peer(rows, _rates(rows, *once, top), None, top)}
     jpeg_vs_peers = [r for d in DECODERS if (r := _vs_best_peer(rows, _rates(rows, "cache-warm", d, top), d, top))]
@@ -430,13 +431,6 @@ def _rates(rows: list[dict], reader: str, decoder: str, width: int) -> list[floa
     return [r["samples_per_s"] for r in rows if (r["reader"], r["decoder"], r["workers"]) == (reader, decoder, width)]
 
 
-def _per_round(ours: list[float], theirs: list[float]) -> list[float]:
-    """One ratio per round: the epochs of a round ran in turn, a moment apart, so a machine that speeds up or slows
-    down between rounds moves both sides of a ratio alike (the ratio of two medians of 5 moved by up to 40% between
-    runs here). Its median is the figure."""
-    return [a / b for a, b in zip(ours, theirs, strict=True)]
-
-
 def _vs_best_peer(rows: list[dict], ours: list[float], decoder: str | None, width: int) -> list[float]:
     """``ours`` (one pipeline's epochs, in round order) over the fastest peer's in the same rounds (only peers
     decoding with ``decoder``, if given; the fastest by its median), at ``width`` workers; [] when no peer ran."""
@@ -444,7 +438,7 @@ def _vs_best_peer(rows: list[dict], ours: list[float], decoder: str | None, widt
     peers = [rates for p in PEER_READERS for d in decoders if (rates := _rates(rows, p, d, width))]
     if not peers or not ours:
         return []
-    return _per_round(ours, max(peers, key=statistics.median))
+    return per_round(ours, max(peers, key=statistics.median))
 
 
 def _table(results: dict, width: int) -> str:

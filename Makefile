@@ -49,14 +49,14 @@ lab: tools
 	$(VENV)/bin/dataferry lab demo
 
 bench-cache: tools
-	$(VENV)/bin/dataferry bench-cache --out build/bench/cache.json
+	$(PY) -m benchmarks cache --out build/bench/cache.json
 
 bench-shards: tools
-	MPLBACKEND=Agg $(VENV)/bin/dataferry bench-shards --out build/bench/shards.json
+	MPLBACKEND=Agg $(PY) -m benchmarks shards --out build/bench/shards.json
 
 bench-train: tools
 	$(PY) -m pip install --quiet -e "./helpers[all,feed-peers]"
-	$(VENV)/bin/dataferry bench-train --out build/bench/train.json
+	$(PY) -m benchmarks train --out build/bench/train.json
 
 bench-lab: tools
 	MPLBACKEND=Agg $(VENV)/bin/dataferry bench --lab --out build/bench/methods --json build/bench/methods.json

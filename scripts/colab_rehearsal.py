@@ -102,10 +102,10 @@ def freeze(venv: Path) -> dict[str, str]:
 
 def flower_photos(prefix: str) -> dict[str, bytes]:
     """The lab's stand-in for the public flowers: as many real JPEGs per class as the public set has
-    (dataferry.lab.flowers), drawn once and kept under build/colab/ for the next rehearsal."""
+    (dataferry.course.lab.flowers), drawn once and kept under build/colab/ for the next rehearsal."""
     import PIL
 
-    from dataferry.lab.flowers import PUBLIC_COUNTS, VERSION, plan_flowers
+    from dataferry.course.lab.flowers import PUBLIC_COUNTS, VERSION, plan_flowers
 
     planned = plan_flowers(PUBLIC_COUNTS, seed=2026, prefix=prefix)
     kept = VENV.parent / f"flowers-2026-v{VERSION}-pillow{PIL.__version__}"
@@ -123,8 +123,8 @@ def serve_public_data(lab) -> dict[str, dict[str, int]]:
     """Upload stand-ins for the public data sets: the same names, folders and sizes; flowers that are
     real JPEGs of five learnable classes, Landsat bands of random bytes."""
     from dataferry.course import PUBLIC_DATASETS
-    from dataferry.lab.datasets import sample_bytes
-    from dataferry.shipped import public_manifest
+    from dataferry.course.lab.datasets import sample_bytes
+    from dataferry.course.shipped import public_manifest
 
     flowers, landsat = PUBLIC_DATASETS["flowers"], PUBLIC_DATASETS["landsat-scene"]
     photos = flower_photos(flowers.prefix)
@@ -364,7 +364,7 @@ def main() -> int:
     for item in args.lessons or ["[0-9][0-9]"]:
         todo += [Path(item)] if item.endswith(".ipynb") else sorted((ROOT / "notebooks").glob(f"{item}_*.ipynb"))
     out.mkdir(parents=True, exist_ok=True)
-    from dataferry.lab import Lab
+    from dataferry.course.lab import Lab
 
     lab = Lab(state_dir=out / "lab-state").up()
     reports = []

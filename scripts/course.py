@@ -140,7 +140,7 @@ def main() -> int:
     # Progress bars are for someone watching; in an executed notebook every redraw would stay behind as a
     # stderr chunk. tqdm (>= 4.66) reads TQDM_* variables as defaults for its arguments.
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from dataferry.lab import Lab
+    from dataferry.course.lab import Lab
 
     t0 = time.monotonic()
     lab = Lab()

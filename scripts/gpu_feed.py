@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "helpers" / "src"))
+sys.path[:0] = [str(ROOT / "helpers" / "src"), str(ROOT)]  # the package, and benchmarks/ beside it
 
 
 def main() -> None:
@@ -48,11 +48,11 @@ def main() -> None:
     from torchvision.datasets import ImageFolder
 
     from dataferry import LocalSource
-    from dataferry.bench.decoders import augment, compare_decoders, decoder_gains
-    from dataferry.feed import EmulatedCompute, TorchCompute, feed, measure_profile
-    from dataferry.lab.flowers import plan_flowers
-    from dataferry.lab.trainbench import cold_epoch_vs_plain_read
-    from dataferry.timing import time_h2d
+    from dataferry.harness.bench.decoders import augment, compare_decoders, decoder_gains
+    from dataferry.harness.feed import EmulatedCompute, TorchCompute, feed, measure_profile
+    from dataferry.course.lab.flowers import plan_flowers
+    from benchmarks.train import cold_epoch_vs_plain_read
+    from dataferry.harness.timing import time_h2d
 
     out: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "args": vars(args),
                  "cpus": os.cpu_count(), "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -8,7 +8,7 @@ import pytest
 
 from dataferry.mounts import fuse_mounts_under, fuse_status
 
-pytest_plugins = ["dataferry.lab.fixtures"]
+pytest_plugins = ["lab_fixtures"]
 
 # What other libraries keep in the temp folder for a whole process (multiprocessing's pymp-*, torch's
 # compile and elastic caches): not a leak of the code under test.

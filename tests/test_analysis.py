@@ -1,4 +1,4 @@
-"""The analysis lesson's reading of pooled runs (dataferry.analysis): pooling result files from any layout
+"""The analysis lesson's reading of pooled runs (dataferry.course.analysis): pooling result files from any layout
 once each, and findings that never pool two settings and name a fastest only at a clear lead."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from dataferry.analysis import Findings, exact_size_label, label_epochs, pool  # noqa: E402
-from dataferry.timing import COLUMNS  # noqa: E402
+from dataferry.course.analysis import Findings, exact_size_label, label_epochs, pool  # noqa: E402
+from dataferry.harness.timing import COLUMNS  # noqa: E402
 
 
 def _rows(run, lesson_files, region, method, first, repeat, size=1 << 20, runtime="local-cpu"):
@@ -47,7 +47,7 @@ def test_pool_labels_rows_by_lesson_whatever_the_layout_and_counts_a_row_pooled_
 
 
 def _findings(*runs):
-    from dataferry.lab.profiles import added_rtt_ms
+    from dataferry.course.lab.profiles import added_rtt_ms
 
     rows = pd.DataFrame([r for run in runs for r in run]).reindex(columns=COLUMNS)
     rows["lesson"] = [r["lesson"] for run in runs for r in run]

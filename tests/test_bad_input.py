@@ -97,7 +97,7 @@ def test_cli_bench_and_report_refuse_bad_paths_and_methods(tmp_path):
 
 
 def test_compare_methods_refuses_an_unknown_method_before_measuring(tmp_path):
-    from dataferry.bench import compare_methods
+    from dataferry.harness.bench import compare_methods
 
     with pytest.raises(DataferryError, match="unknown method 'nonsense'"):
         compare_methods(None, None, ["local", "nonsense"], region=None, runtime_kind="cpu")
@@ -133,7 +133,7 @@ def test_ctrl_c_while_exiting_is_one_line_and_a_failing_exit_status(tmp_path):
 def test_every_error_class_has_the_one_root():
     import dataferry.cache.errors as cache_errors
     import dataferry.checkpoints as checkpoints
-    import dataferry.lab.errors as lab_errors
+    import dataferry.course.lab.errors as lab_errors
     import dataferry.mounts as mounts
     import dataferry.shards as shards
     import dataferry.sources as sources
@@ -201,14 +201,14 @@ def test_torch_compute_on_cuda_without_cuda_is_a_bad_argument():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from dataferry.feed import TorchCompute
+    from dataferry.harness.feed import TorchCompute
 
     with pytest.raises(DataferryError, match="EmulatedCompute"):
         TorchCompute("smallcnn", device="cuda")
 
 
 def test_ctrl_c_while_the_command_starts_up_is_one_line_and_status_130(monkeypatch, capsys):
-    import dataferry.cli as cli
+    import dataferry.course.cli as cli
 
     def interrupted():
         raise KeyboardInterrupt
@@ -219,7 +219,7 @@ def test_ctrl_c_while_the_command_starts_up_is_one_line_and_status_130(monkeypat
 
 
 def test_a_lab_dataset_with_a_negative_spread_is_refused():
-    from dataferry.lab.datasets import LogNormal
+    from dataferry.course.lab.datasets import LogNormal
 
     for sigma in (-1, float("nan"), float("inf")):
         with pytest.raises(DataferryError, match="sigma"):

@@ -9,15 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from dataferry.bench import LAB_METHODS, PARALLEL_WORKERS
-from dataferry.lab import plan_dataset
-from dataferry.timing import load_results
+from dataferry.harness.bench import LAB_METHODS, PARALLEL_WORKERS
+from dataferry.course.lab import plan_dataset
+from dataferry.harness.timing import load_results
 
 FIGURES = {"first_vs_repeat", "by_region", "by_runtime", "per_epoch"}
 
 
 def _cli(*args, env=None):
-    proc = subprocess.run([sys.executable, "-m", "dataferry.cli", *args], capture_output=True, text=True,
+    if args[0].startswith("bench-"):  # the benchmarks against peers: the repository's benchmarks/, not the package
+        args = ("-m", "benchmarks", args[0].removeprefix("bench-"), *args[1:])
+    else:
+        args = ("-m", "dataferry.course.cli", *args)
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True,
                           timeout=900, env={**__import__("os").environ, "MPLBACKEND": "Agg", **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
@@ -107,8 +111,8 @@ def test_bench_on_a_folder(tmp_path):
 def test_a_target_made_without_a_work_folder_keeps_its_copy_in_the_labs_run_folder():
     """``lab_target`` with no ``work`` (as a lesson calls it) puts its local copy in the lab's run folder,
     so ``lab down`` removes it, even when the kernel that made it was killed."""
-    from dataferry.lab import Lab
-    from dataferry.lab.methodsbench import lab_target
+    from dataferry.course.lab import Lab
+    from dataferry.course.lab.methodsbench import lab_target
 
     with Lab.private(gcsfuse=False) as lab:
         target = lab_target(lab, "own-target", 3, 1000, seed=1)
@@ -121,7 +125,7 @@ def test_a_target_made_without_a_work_folder_keeps_its_copy_in_the_labs_run_fold
 def test_a_run_over_files_of_many_sizes_is_one_size_class(tmp_path):
     """Real data sets (the public images) have files of many sizes: aggregate rows carry the run's mean
     file size, so a run's epochs are never split by whichever file happened to be shuffled first."""
-    from dataferry.lab.datasets import LogNormal
+    from dataferry.course.lab.datasets import LogNormal
 
     plan = plan_dataset(12, LogNormal(20_000, 1.0), seed=5, shard_bytes=None).write_to(tmp_path / "data")
     _cli("bench", str(tmp_path / "data"), "--repeats", "3", "--out", str(tmp_path / "run"))
@@ -135,7 +139,7 @@ def test_a_run_over_files_of_many_sizes_is_one_size_class(tmp_path):
 def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_bucket, tmp_path):
     """The peer section of `make bench-cache` on small data: every method, dataferry's and the
     peers' (gcsfs, transfer_manager, gcsfuse's file cache), reads all of the same objects, cold."""
-    from dataferry.lab.peers import DATAFERRY, DISK, PEERS, first_epochs, ratios
+    from benchmarks.peers import DATAFERRY, DISK, PEERS, first_epochs, ratios
 
     ds = plan_dataset(30, 20_000, prefix="peer", seed=6, shard_bytes=None).upload(lab_bucket)
     runs = first_epochs(gcsfuse_lab, lab_bucket.name, "peer/files/", tmp_path / "work", (*PEERS, *DATAFERRY, DISK),
@@ -161,7 +165,7 @@ def test_peer_first_epochs_read_every_byte_of_the_same_objects(gcsfuse_lab, lab_
 def test_first_epochs_against_the_best_peer_are_taken_repetition_by_repetition():
     """Each repetition's methods run one after another: dataferry's ratio is the median of the repetitions'
     ratios to the peer with the fastest median."""
-    from dataferry.lab.peers import ratios
+    from benchmarks.peers import ratios
 
     def runs(*seconds):
         return [{"seconds": s, "bytes": 60e6, "files": 1, "peak_rss_mib": 1, "cpu_s": 1, "machine_cpu_s": 1}
@@ -259,7 +263,7 @@ def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(t
     assert all(got["stage_us"][p]["augment"] > 0 and got["stage_us"][p]["collate"] > 0 for p in got["stage_us"])
     assert got["stage_us"]["cache-warm pil"]["decode"] > got["stage_us"]["decode-once-warm pil@256"]["decode"]
     assert "| pipeline | read | decode | augment | collate | hand-over and the rest |" in stdout
-    from dataferry.lab.feedpeers import missing
+    from benchmarks.feedpeers import missing
 
     top, gone = widths[-1], missing()
     assert got["peers_missing"] == gone and got["decode_once_vs_best_peer"] > 0 and got["jpeg_cache_vs_best_peer"] > 0
@@ -275,7 +279,7 @@ def test_the_dataferry_method_imports_its_transport_before_the_clock(tmp_path):
     """Every method's modules are imported before its timed span: dataferry's transport (aiohttp, ~90 ms to
     import here) used to be imported inside its first pass, which made it the slowest first read of a small
     run. A fresh interpreter, so that no earlier test has imported it."""
-    code = ("import sys; from pathlib import Path; from dataferry.bench.methods import Target, method_state\n"
+    code = ("import sys; from pathlib import Path; from dataferry.harness.bench.methods import Target, method_state\n"
             "assert 'dataferry.gcs_media' not in sys.modules\n"
             f"with method_state('dataferry', Target(names=['a'], sizes={{'a': 1}}), Path({str(tmp_path)!r})):\n"
             "    assert 'dataferry.gcs_media' in sys.modules and 'aiohttp' in sys.modules\n")
@@ -287,7 +291,7 @@ def test_the_shard_comparison_summarises_every_repeat_not_the_last():
     """Lesson 09 runs the side-by-side comparison REPEATS times: epoch 1's rate is the median over the repeats,
     later epochs' over every later epoch of every repeat, and the figure draws each repeat."""
     pytest.importorskip("matplotlib")
-    from dataferry.lab.shardbench import plot_shard_epochs, summarize
+    from dataferry.course.shardepochs import plot_shard_epochs, summarize
 
     def epoch(repeat, n, seconds, served=100):
         return {"repeat": repeat, "epoch": n, "samples": 100, "seconds": seconds, "bytes": 1000, "served_bytes": served,
@@ -311,8 +315,8 @@ def test_the_litdata_peer_leaves_the_start_method_and_the_temp_folder_as_they_we
     import multiprocessing
 
     pytest.importorskip("litdata")
-    from dataferry.lab.feedpeers import litdata_loader
-    from dataferry.lab.flowers import plan_flowers
+    from benchmarks.feedpeers import litdata_loader
+    from dataferry.course.lab.flowers import plan_flowers
 
     plan_flowers(2, seed=3, prefix="").write_to(tmp_path / "photos")
     before = multiprocessing.get_start_method(allow_none=True)
@@ -329,8 +333,8 @@ def test_bench_train_takes_each_ratio_round_by_round_against_the_peer_fastest_ov
     """A machine that slows down between rounds slows both sides of a round alike: a ratio is taken round by round
     (its median is the figure); the peer compared is the one with the fastest median, each round against that same
     peer's epoch of the round."""
-    from dataferry.lab.peers import per_round
-    from dataferry.lab.trainbench import _rates, _vs_best_peer
+    from benchmarks.peers import per_round
+    from benchmarks.train import _rates, _vs_best_peer
 
     def rows(reader, decoder, rates):
         return [{"reader": reader, "decoder": decoder, "workers": 2, "samples_per_s": r} for r in rates]

@@ -13,7 +13,7 @@ import pytest
 
 from dataferry import Cache, GCSSource, LocalSource, stage
 from dataferry.cache import CacheFullWarning
-from dataferry.lab import Profile, plan_dataset
+from dataferry.course.lab import Profile, plan_dataset
 from dataferry.sources import ChangedAtSource, Entry, SourceError
 
 SCRIPTS = Path(__file__).parent / "scripts"

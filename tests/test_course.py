@@ -238,9 +238,9 @@ def test_conclusions_are_printed_by_the_run_and_state_no_number_it_did_not_print
 
 
 def test_no_figure_of_the_course_pools_regions_file_sizes_or_lessons(course):
-    """Every box of every figure the lessons drew through dataferry.plots holds one region, one file
+    """Every box of every figure the lessons drew through dataferry.harness.plots holds one region, one file
     size and (where the rows name it) one lesson; the standard figures of lessons 07 and 11 are among them."""
-    from dataferry.plots import box_provenance
+    from dataferry.harness.plots import box_provenance
 
     out, _ = course
     checked = {}
@@ -311,7 +311,7 @@ def test_book_pages_load_with_their_figures_in_chromium(course):
 
 def test_lessons_run_under_nbval(tmp_path):
     """`pytest --nbval-lax` on the lessons, after `papermill --prepare-only` injects the CI parameters."""
-    from dataferry.lab import Lab
+    from dataferry.course.lab import Lab
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from course import parameters_for

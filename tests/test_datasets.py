@@ -6,7 +6,7 @@ import tarfile
 
 import pytest
 
-from dataferry.lab import LogNormal, plan_dataset, sample_bytes
+from dataferry.course.lab import LogNormal, plan_dataset, sample_bytes
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes():

@@ -237,7 +237,7 @@ def test_a_read_only_cache_folder_is_one_clear_error(read_only_cache):
 
 
 def test_bench_cache_leaves_the_environment_as_it_found_it(monkeypatch):
-    from dataferry.lab.cachebench import _lab_environment
+    from benchmarks.cache import _lab_environment
 
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     with _lab_environment({"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1"}):
@@ -586,7 +586,7 @@ def test_a_disk_that_fills_up_while_staging_a_bucket_refuses_cleanly_and_corrupt
                                                                                           tmp_path, small_disk):
     """The download loop's path (objects held in memory and written to disk in groups): a write
     refused by a full disk is a refusal that names the disk, with no temp file or row left."""
-    from dataferry.lab import plan_dataset
+    from dataferry.course.lab import plan_dataset
 
     ds = plan_dataset(12, 100_000, prefix="d", seed=4, shard_bytes=None).upload(lab_bucket)
     cache = Cache(small_disk / "c", min_free_bytes=0, retry_deadline_s=5)

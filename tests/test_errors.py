@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from dataferry.lab import TOOLS, ToolError, ensure_tool
-from dataferry.lab.tools import Tool, find_tool, go_version
+from dataferry.course.lab import TOOLS, ToolError, ensure_tool
+from dataferry.course.lab.tools import Tool, find_tool, go_version
 from dataferry.mounts import MountError, mount_gcsfuse
 
 
@@ -29,7 +29,7 @@ def test_missing_go_is_one_clear_line(tmp_path, monkeypatch):
 
 def test_cli_without_go_exits_2_with_one_line(tmp_path):
     env = _env_without_go(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "dataferry.cli", "lab", "--state-dir", str(tmp_path / "s"), "up"],
+    proc = subprocess.run([sys.executable, "-m", "dataferry.course.cli", "lab", "--state-dir", str(tmp_path / "s"), "up"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("dataferry: error:")]
@@ -73,7 +73,7 @@ def test_reading_a_bucket_without_credentials_says_how_to_sign_in(no_credentials
                    "gcloud auth application-default login", "GOOGLE_APPLICATION_CREDENTIALS",
                    "create_anonymous_client()"):
         assert advice in str(caught.value)
-    proc = subprocess.run([sys.executable, "-m", "dataferry.cli", "stage", "gs://some-bucket/train/", "--cache",
+    proc = subprocess.run([sys.executable, "-m", "dataferry.course.cli", "stage", "gs://some-bucket/train/", "--cache",
                            str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dataferry: error:")]

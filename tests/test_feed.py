@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from dataferry.feed import PROFILES, ComputeProfile, EmulatedCompute, feed, image_sample  # noqa: E402
+from dataferry.harness.feed import PROFILES, ComputeProfile, EmulatedCompute, feed, image_sample  # noqa: E402
 
 
 class SlowSamples(Dataset):
@@ -110,7 +110,7 @@ def test_au_of_a_real_model_does_not_count_a_slow_host_as_compute(monkeypatch):
     Storage's definition). With a host stall three times the compute inside every step, the answer is 25%
     (20-29% even if the measured rate were off by 2x either way); timing each step (what CUDA events around a
     step measure) says nearly 100%."""
-    from dataferry.feed import TorchCompute
+    from dataferry.harness.feed import TorchCompute
 
     torch.manual_seed(0)
     monkeypatch.setattr(SlowToDevice, "STALL_S", 0.0)
@@ -154,7 +154,7 @@ def test_an_epoch_of_one_step_is_bound_by_its_wait_and_has_no_steady_state():
 def test_a_long_first_wait_makes_a_short_epoch_loader_bound_though_its_steady_state_is_not():
     """Four steps of fast compute after a slow start: the steady state kept the accelerator busy, the epoch did
     not. ``bound_by`` says what the epoch saw; ``steady_au`` what a long run would."""
-    from dataferry.feed import EpochReport
+    from dataferry.harness.feed import EpochReport
 
     report = EpochReport(1, "emulated", 4, 128, wall_s=1.0, compute_s=0.36, loader_bound=1,
                          waits_s=[0.6, 0.01, 0.01, 0.01], fill_steps=1, busy_s=[0.09] * 4)

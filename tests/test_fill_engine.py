@@ -15,7 +15,7 @@ import requests
 from dataferry import Cache, GCSSource, LocalSource, stage
 from dataferry.cache import transport
 from dataferry.cache.checksum import combine
-from dataferry.lab import Profile, plan_dataset
+from dataferry.course.lab import Profile, plan_dataset
 
 
 def test_crc32c_of_consecutive_ranges_combines_to_the_whole():

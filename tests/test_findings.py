@@ -1,4 +1,4 @@
-"""The course's findings: each sentence a lesson prints comes from dataferry.findings, and each is checked
+"""The course's findings: each sentence a lesson prints comes from dataferry.course.findings, and each is checked
 here on both sides of its threshold (what the run shows, and what it does not)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dataferry.cache.counters import CacheStats
-from dataferry.findings import Conclusion, mb
-from dataferry.findings import cache as cache_findings
+from dataferry.course.findings import Conclusion, mb
+from dataferry.course.findings import cache as cache_findings
 
 
 def test_a_conclusion_heads_its_sentences_with_where_the_run_was():
@@ -96,7 +96,7 @@ def _saves(straight, safe, place="mounted folder"):
     ([0.9, 1.06, 1.5], "their ranges overlap (0.98-1.02 s against 0.90-1.50 s), so this run cannot tell them apart"),
 ])
 def test_a_safe_save_is_compared_on_each_side_of_its_thresholds_and_overlaps_are_said(safe, words):
-    from dataferry.findings import checkpoints
+    from dataferry.course.findings import checkpoints
 
     said = checkpoints.saves_and_failures("lab:far", _saves([0.98, 1.0, 1.02], safe), [], 5)
     assert said.sentences[0].startswith("Into the mounted folder, torch.save took 1.00 s and Checkpoints ")
@@ -107,7 +107,7 @@ def test_a_safe_save_is_compared_on_each_side_of_its_thresholds_and_overlaps_are
 
 
 def test_the_ratio_thresholds_are_at_ten_percent():
-    from dataferry.findings import checkpoints
+    from dataferry.course.findings import checkpoints
 
     assert checkpoints.SAME_WITHIN == 1.1
     just_over = checkpoints.saves_and_failures("x", _saves([1.0], [1.11]), [], 5).sentences[0]
@@ -118,7 +118,7 @@ def test_the_ratio_thresholds_are_at_ten_percent():
 def test_failures_the_runtimes_disk_the_api_and_few_repeats_are_said():
     import pandas as pd
 
-    from dataferry.findings import checkpoints
+    from dataferry.course.findings import checkpoints
 
     saves = pd.concat([_saves([1.0], [2.0], "runtime's disk"),
                        pd.DataFrame([{"place": "bucket", "way": "Checkpoints", "seconds": 3.0}])])
@@ -140,7 +140,7 @@ def test_failures_the_runtimes_disk_the_api_and_few_repeats_are_said():
     ([("runtime's disk", "kernel crash (the writer dies)")], False),
 ])
 def test_a_disconnect_that_could_not_be_staged_is_said(failures, unstaged):
-    from dataferry.findings import checkpoints
+    from dataferry.course.findings import checkpoints
 
     rows = [{"place": p, "way": "torch.save", "failure": f, "a restart finds": "x"} for p, f in failures]
     said = checkpoints.saves_and_failures("x", _saves([1.0], [1.0], failures[0][0]), rows, 5).sentences
@@ -166,7 +166,7 @@ def _reads(cold_state="cold_verified", n=6):
     ((1.2, 1.1, 1.25), "The page cache helped modestly (1.2x)"),
 ])
 def test_warm_over_cold_is_judged_by_its_whole_interval_on_each_side_of_each_threshold(ratio, verdict):
-    from dataferry.findings import local
+    from dataferry.course.findings import local
 
     said = local.warm_vs_cold("local-cpu", _reads(), ratio, 7)
     assert said.where == "local-cpu" and said.sentences[0].startswith(
@@ -178,7 +178,7 @@ def test_warm_over_cold_is_judged_by_its_whole_interval_on_each_side_of_each_thr
 def test_unverified_evictions_and_few_rounds_are_said_and_only_then():
     import pandas as pd
 
-    from dataferry.findings import local
+    from dataferry.course.findings import local
 
     reads = pd.concat([_reads(n=3), _reads("cold_unverified", n=1)], ignore_index=True)
     said = local.warm_vs_cold("x", reads, (4.0, 3.0, 5.0), 4).sentences
@@ -188,7 +188,7 @@ def test_unverified_evictions_and_few_rounds_are_said_and_only_then():
 
 
 def test_runtime_facts_say_an_unknown_disk_and_how_the_region_was_found(tmp_path):
-    from dataferry.runtime import REGION_SOURCES, Region, capture
+    from dataferry.harness.runtime import REGION_SOURCES, Region, capture
 
     here = dict(capture(str(tmp_path), region=Region("us-central1", "us-central1-a", "metadata")).facts())
     assert here["region"] == "us-central1 (zone us-central1-a)"
@@ -221,7 +221,7 @@ NEAR, FAR = "lab:colocated", "lab:cross-continent"
     ([20, 40, 80], 1.0, "their ranges across repeats overlap, so this run cannot rank"),
 ])
 def test_methods_are_ranked_by_distance_only_when_epochs_are_long_and_ranges_apart(gcsfuse_far, seconds, words):
-    from dataferry.findings import regions
+    from dataferry.course.findings import regions
 
     rows = _region_rows({(NEAR, "gcsfuse"): [100, 100, 100], (FAR, "gcsfuse"): gcsfuse_far,
                          (NEAR, "dataferry"): [100, 100, 100], (FAR, "dataferry"): [50, 50, 50]}, seconds=seconds)
@@ -232,7 +232,7 @@ def test_methods_are_ranked_by_distance_only_when_epochs_are_long_and_ranges_apa
 
 
 def test_two_repetitions_cannot_rank_and_a_method_not_slower_far_away_is_said():
-    from dataferry.findings import regions
+    from dataferry.course.findings import regions
 
     rows = _region_rows({(NEAR, "gcsfuse"): [100, 100], (FAR, "gcsfuse"): [10, 10],
                          (NEAR, "dataferry"): [100, 100], (FAR, "dataferry"): [95, 95]})
@@ -244,7 +244,7 @@ def test_two_repetitions_cannot_rank_and_a_method_not_slower_far_away_is_said():
 
 @pytest.mark.parametrize("near_again, kept", [(150, True), (151, False)])
 def test_re_reads_of_copies_are_the_same_within_one_and_a_half_times(near_again, kept):
-    from dataferry.findings import regions
+    from dataferry.course.findings import regions
 
     rows = _region_rows({(NEAR, "dataferry"): [100] * 3, (FAR, "dataferry"): [50] * 3},
                         {(NEAR, "dataferry"): [near_again * 0.999] * 3 if kept else [near_again] * 3,
@@ -257,7 +257,7 @@ def test_re_reads_of_copies_are_the_same_within_one_and_a_half_times(near_again,
 @pytest.mark.parametrize("fast, words", [([94, 94], "slower. The client checks each download's CRC32C either way"),
                                          ([95, 95], "as fast or faster"), ([94, 95], "slower in some regions")])
 def test_dataferry_against_transfer_manager_on_each_side_of_as_fast(fast, words):
-    from dataferry.findings import regions
+    from dataferry.course.findings import regions
 
     rows = _region_rows({(NEAR, "api-parallel"): [100] * 3, (FAR, "api-parallel"): [100] * 3,
                          (NEAR, "dataferry"): [fast[0]] * 3, (FAR, "dataferry"): [fast[1]] * 3})
@@ -267,7 +267,7 @@ def test_dataferry_against_transfer_manager_on_each_side_of_as_fast(fast, words)
 
 @pytest.mark.parametrize("again, crossed", [(149, True), (150, False)])
 def test_gcsfuse_re_reads_cross_the_link_again_below_one_and_a_half_times(again, crossed):
-    from dataferry.findings import regions
+    from dataferry.course.findings import regions
 
     rows = _region_rows({(NEAR, "gcsfuse"): [100] * 3}, {(NEAR, "gcsfuse"): [again] * 3})
     said = regions.by_region(rows, [NEAR], lab=False, repeats=5, relation="another region").sentences
@@ -280,7 +280,7 @@ def test_gcsfuse_re_reads_cross_the_link_again_below_one_and_a_half_times(again,
 def test_failed_epochs_are_said_first():
     import pandas as pd
 
-    from dataferry.findings import regions
+    from dataferry.course.findings import regions
 
     rows = pd.concat([_region_rows({(NEAR, "gcsfuse"): [1]}, error="mount failed: no fuse"),
                       _region_rows({(NEAR, "dataferry"): [100]})])
@@ -303,7 +303,7 @@ def _fuse_rows(table):
     ([8, 12, 16, 20, 24], "the interval straddles 1.5x, so this run cannot tell"),
 ])
 def test_a_gcsfuse_re_read_is_judged_by_its_interval_against_one_and_a_half(again, words):
-    from dataferry.findings import gcsfuse
+    from dataferry.course.findings import gcsfuse
 
     rows = _fuse_rows({("gcsfuse", 1): [10, 10, 10, 10, 10], ("gcsfuse", 2): again})
     first = gcsfuse.cache_and_width(rows, "lab:far", 5, 5).sentences[0]
@@ -311,7 +311,7 @@ def test_a_gcsfuse_re_read_is_judged_by_its_interval_against_one_and_a_half(agai
 
 
 def test_two_repetitions_judge_nothing_and_the_width_and_cache_cost_are_said():
-    from dataferry.findings import gcsfuse
+    from dataferry.course.findings import gcsfuse
 
     rows = _fuse_rows({("gcsfuse", 1): [10, 10], ("gcsfuse", 2): [30, 30], ("gcsfuse-cache", 1): [7.9, 7.9],
                        ("gcsfuse-cache", 2): [90, 90], ("gcsfuse-serial", 1): [2, 2]})
@@ -334,7 +334,7 @@ def test_two_repetitions_judge_nothing_and_the_width_and_cache_cost_are_said():
 def test_a_re_read_without_eviction_is_said_to_come_from_ram_only_at_three_times(second, in_ram, words):
     import pandas as pd
 
-    from dataferry.findings import gcsfuse
+    from dataferry.course.findings import gcsfuse
 
     reads = pd.DataFrame([{"first read MB/s": 10.0, "in RAM before the second": in_ram, "second read MB/s": second}])
     said = gcsfuse.without_eviction(reads, "lab:far", "v3.11.4").sentences
@@ -346,7 +346,7 @@ def test_a_re_read_without_eviction_is_said_to_come_from_ram_only_at_three_times
 def test_knobs_parallel_downloads_listings_and_read_only_are_said(listing, kept):
     import pandas as pd
 
-    from dataferry.findings import gcsfuse
+    from dataferry.course.findings import gcsfuse
 
     rows = [{"knob": "file cache", "first read MB/s": 10.0 + i, "second listing ms": listing} for i in range(5)]
     rows += [{"knob": "+ parallel downloads", "first read MB/s": 20.0 + i, "second listing ms": listing} for i in range(5)]
@@ -378,8 +378,8 @@ def _client_rows(serial, parallel, downloads_ms=()):
     ([8, 12, 16, 20, 30], "the interval straddles 1.5x"),
 ])
 def test_parallel_downloads_are_judged_by_their_interval(parallel, words):
-    from dataferry.findings import client
-    from dataferry.lab.profiles import get_profile
+    from dataferry.course.findings import client
+    from dataferry.course.lab.profiles import get_profile
 
     rows = _client_rows([10] * 5, parallel, downloads_ms=[40, 40, 40])
     said = client.serial_vs_parallel(rows, "lab:same-continent", 16, 256 * 2**10, get_profile("same-continent"), 5)
@@ -393,7 +393,7 @@ def test_parallel_downloads_are_judged_by_their_interval(parallel, words):
 def test_a_fastest_copy_is_named_only_when_intervals_part_and_the_clis_start_up_is_said():
     import pandas as pd
 
-    from dataferry.findings import client
+    from dataferry.course.findings import client
 
     def rows(tm, stage):
         return pd.DataFrame([{"way": w, "MBps": v, "seconds": s} for w, vs, s in
@@ -415,7 +415,7 @@ def test_a_fastest_copy_is_named_only_when_intervals_part_and_the_clis_start_up_
 def test_the_clis_start_up_is_said_from_its_share_of_the_copy(floor_s, words):
     import pandas as pd
 
-    from dataferry.findings import client
+    from dataferry.course.findings import client
 
     rows = pd.DataFrame([{"way": "gcloud storage cp", "MBps": 1.0, "seconds": 4.0}] * 3)
     assert words in client.copies(rows, floor_s, "x", 48, 12_000_000).sentences[-1]
@@ -427,7 +427,7 @@ def test_the_clis_start_up_is_said_from_its_share_of_the_copy(floor_s, words):
 def test_every_media_request_under_faults_is_accounted_for(served, beyond):
     from types import SimpleNamespace
 
-    from dataferry.findings import client
+    from dataferry.course.findings import client
 
     run = SimpleNamespace(objects=6, served=served, requests=sum(served.values()), wrong=0,
                           report=SimpleNamespace(fetched=6, failures=[]), stats=SimpleNamespace(retries=7),
@@ -446,7 +446,7 @@ def test_every_media_request_under_faults_is_accounted_for(served, beyond):
 def test_streaming_says_the_budget_the_downloads_and_the_resume_on_each_side():
     import pandas as pd
 
-    from dataferry.findings import shards
+    from dataferry.course.findings import shards
 
     epochs = pd.DataFrame({"shards fetched": [54, 47, 44], "kept after (shards)": [10, 10, 10]})
     said = shards.streaming("lab:x", epochs, 10_000_000, 10_000_000, 50_000_000, 54, ["a", "b"], ["a", "b"],
@@ -478,7 +478,7 @@ def _reader_runs(wds_seconds, repeats=3):
 @pytest.mark.parametrize("wds_seconds, cleanup, words", [
     (2.0, 30.0, "grew past the budget unchecked"), (31.0, 30.0, "past its 30 s clean-up interval")])
 def test_webdatasets_clean_up_interval_is_set_against_its_epochs(wds_seconds, cleanup, words):
-    from dataferry.findings import shards
+    from dataferry.course.findings import shards
 
     runs, summary = _reader_runs(wds_seconds)
     said = shards.readers("lab:x", summary, runs, 3, cleanup).sentences
@@ -491,7 +491,7 @@ def test_webdatasets_clean_up_interval_is_set_against_its_epochs(wds_seconds, cl
     (1.0, 3, "an interval that takes in 1, so not told apart here"),
     (2.0, 2, "too few runs for an interval")])
 def test_a_later_epoch_leader_is_named_only_from_three_runs_and_an_interval_above_one(wds_seconds, repeats, words):
-    from dataferry.findings import shards
+    from dataferry.course.findings import shards
 
     runs, summary = _reader_runs(wds_seconds, repeats)
     assert words in shards.readers("lab:x", summary, runs, repeats, 30.0).sentences[1]
@@ -500,7 +500,7 @@ def test_a_later_epoch_leader_is_named_only_from_three_runs_and_an_interval_abov
 # -- lesson 06 ---------------------------------------------------------------------------------------
 
 def test_the_two_point_fit_gives_latency_and_bandwidth_or_bounds():
-    from dataferry.findings.layouts import fit
+    from dataferry.course.findings.layouts import fit
 
     latency, bandwidth, fitted = fit(16_384, 0.030 + 16_384 / 50e6, 1_048_576, 0.030 + 1_048_576 / 50e6)
     assert fitted and latency == pytest.approx(0.030) and bandwidth == pytest.approx(50e6)
@@ -521,7 +521,7 @@ def _layout_rows(serial_files, parallel_files, serial_shards, parallel_shards):
 
 @pytest.mark.parametrize("serial_shards, faster", [(1.0 / 1.2, True), (1.0 / 1.19, False)])
 def test_shards_are_said_faster_from_one_and_two_tenths(serial_shards, faster):
-    from dataferry.findings import layouts
+    from dataferry.course.findings import layouts
 
     said = layouts.layouts(_layout_rows(1.0, 0.5, serial_shards, 0.2), "lab:x", files=200, large=4, s_file=16_384,
                            s_large=800_000, shards=True, parallel=32, profile=None, repeats=5).sentences
@@ -531,7 +531,7 @@ def test_shards_are_said_faster_from_one_and_two_tenths(serial_shards, faster):
 
 @pytest.mark.parametrize("parallel_files, hides", [(1.0 / 1.5, True), (1.0 / 1.49, False)])
 def test_requests_in_flight_hide_latency_from_one_and_a_half(parallel_files, hides):
-    from dataferry.findings import layouts
+    from dataferry.course.findings import layouts
 
     said = layouts.layouts(_layout_rows(1.0, parallel_files, 0.5, 0.2), "x", files=200, large=4, s_file=16_384,
                            s_large=800_000, shards=True, parallel=32, profile=None, repeats=5).sentences
@@ -541,7 +541,7 @@ def test_requests_in_flight_hide_latency_from_one_and_a_half(parallel_files, hid
 
 @pytest.mark.parametrize("parallel_shards, combine", [(0.5 / 1.11, True), (0.5 / 1.09, False)])
 def test_the_two_fixes_combine_only_above_the_better_one_by_a_tenth(parallel_shards, combine):
-    from dataferry.findings import layouts
+    from dataferry.course.findings import layouts
 
     said = layouts.layouts(_layout_rows(1.0, 0.5, 0.6, parallel_shards), "x", files=200, large=4, s_file=16_384,
                            s_large=800_000, shards=True, parallel=32, profile=None, repeats=3).sentences
@@ -568,7 +568,7 @@ def _training_rows(e1_stage=1.0, e1_cache=1.0, later=(0.5, 0.5), first_batch=(0.
 
 
 def _training(rows, **changes):
-    from dataferry.findings import staging
+    from dataferry.course.findings import staging
 
     args = dict(prep_ms=2.0, workers=2, cpus=2, images=5, held_out=10, in_flight=256, repeats=5, where="lab:far")
     args.update(changes)
@@ -608,7 +608,7 @@ def test_the_workers_supply_is_set_against_the_models_need(prep_ms, words):
 def test_downloads_once_per_sample_and_the_cache_re_read_against_a_plain_copy_read_as_wide():
     import pandas as pd
 
-    from dataferry.findings import staging
+    from dataferry.course.findings import staging
 
     assert any("downloaded once per run" in s for s in _training(_training_rows(downloads=5)))
     assert any("more than once for some objects" in s for s in _training(_training_rows(downloads=6)))
@@ -630,7 +630,7 @@ def test_downloads_once_per_sample_and_the_cache_re_read_against_a_plain_copy_re
 # -- lesson 08 ---------------------------------------------------------------------------------------
 
 def test_mlperf_storages_thresholds_by_workload():
-    from dataferry.findings.au import target_for
+    from dataferry.course.findings.au import target_for
 
     assert target_for("ResNet-50 v1.5, FP32") == (0.9, "MLPerf Storage's 90% for ResNet-50 v1.5")
     assert target_for("CosmoFlow")[0] == 0.7 and target_for("U-Net3D")[0] == 0.9
@@ -656,8 +656,8 @@ def _au_rows(method_aus, samples=640, workers=2):
     ([0.80, 0.95, 0.99, 0.85, 0.92], "the interval straddles 90%"),
 ])
 def test_the_steady_state_is_judged_against_the_threshold_by_its_interval(aus, verdict):
-    from dataferry.feed import PROFILES
-    from dataferry.findings import au
+    from dataferry.harness.feed import PROFILES
+    from dataferry.course.findings import au
 
     said = " ".join(au.utilisation(_au_rows({"local": aus}), PROFILES["resnet50-v100-fp32"], "lab:x", ["local"], 5, 32))
     assert verdict in said
@@ -667,8 +667,8 @@ def test_the_steady_state_is_judged_against_the_threshold_by_its_interval(aus, v
 def test_an_epoch_no_longer_than_its_pipelines_fill_has_no_steady_state_to_judge():
     """Four steps with four workers prefetching two batches each: every batch was fetched ahead, so the steps
     after the first barely wait whatever the source. No steady state, no verdict."""
-    from dataferry.feed import PROFILES
-    from dataferry.findings import au
+    from dataferry.harness.feed import PROFILES
+    from dataferry.course.findings import au
 
     assert au.steady(_au_rows({"local": [0.95]}), 32).round(6).eq(0.95).all()
     rows = _au_rows({"local": [0.95] * 5}, samples=128, workers=4)
@@ -681,7 +681,7 @@ def test_an_epoch_no_longer_than_its_pipelines_fill_has_no_steady_state_to_judge
 def test_a_one_core_cost_that_allows_less_than_the_loop_ran_is_said_to_be_a_measurement_error():
     import pandas as pd
 
-    from dataferry.findings import au
+    from dataferry.course.findings import au
 
     rows = pd.DataFrame([{"decoder": d, "epoch": e, "samples_per_s": rate * (1 + 0.01 * e), "au": 0.3,
                           "decode_ms_per_sample": ms}
@@ -697,7 +697,7 @@ def test_a_one_core_cost_that_allows_less_than_the_loop_ran_is_said_to_be_a_meas
 def test_decode_once_is_said_to_crop_and_flip_where_the_others_decode():
     import pandas as pd
 
-    from dataferry.findings import au
+    from dataferry.course.findings import au
 
     rows = pd.DataFrame([{"decoder": d, "epoch": e, "samples_per_s": rate, "au": 0.3, "decode_ms_per_sample": ms}
                          for d, rate, ms in (("pil", 200, 4.0), ("decode-once@256", 400, 0.5)) for e in range(1, 4)])
@@ -709,8 +709,8 @@ def test_decode_once_is_said_to_crop_and_flip_where_the_others_decode():
                                              ("us-central1", "region us-central1"),
                                              ("unknown", "region not found")])
 def test_an_au_conclusion_is_headed_by_a_lab_profile_a_region_or_that_none_was_found(region, heading):
-    from dataferry.feed import PROFILES
-    from dataferry.findings import au
+    from dataferry.harness.feed import PROFILES
+    from dataferry.course.findings import au
 
     said = au.utilisation(_au_rows({"local": [0.95] * 5}), PROFILES["resnet50-v100-fp32"], region, ["local"], 5, 32)
     assert said.where == heading
@@ -719,6 +719,6 @@ def test_an_au_conclusion_is_headed_by_a_lab_profile_a_region_or_that_none_was_f
 def test_the_decoding_conclusion_is_headed_by_a_region_or_that_none_was_found():
     import pandas as pd
 
-    from dataferry.findings import au
+    from dataferry.course.findings import au
 
     assert au.decoding(pd.DataFrame([{"decoder": "pil", "epoch": 1}]), 2, 2, "x", "unknown").where == "region not found"

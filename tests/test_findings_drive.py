@@ -1,11 +1,11 @@
-"""Lesson 01's findings (dataferry.findings.drive), each sentence on both sides of its threshold."""
+"""Lesson 01's findings (dataferry.course.findings.drive), each sentence on both sides of its threshold."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from dataferry.findings import drive
+from dataferry.course.findings import drive
 
 WHERE = "lab:same-continent; a stand-in for Drive, not Drive"
 

@@ -10,7 +10,7 @@ import zipfile
 import pytest
 
 from dataferry.errors import BadArgument
-from dataferry.folders import LISTINGS, copy_extract_read, extract, read_files, sample_every, timed_listing, walk
+from dataferry.harness.folders import LISTINGS, copy_extract_read, extract, read_files, sample_every, timed_listing, walk
 
 
 @pytest.fixture()

@@ -4,8 +4,8 @@ import google_crc32c
 import pytest
 from google.api_core.exceptions import NotFound
 
-from dataferry.lab import BucketNotFound, plan_dataset
-from dataferry.lab.datasets import crc32c_b64
+from dataferry.course.lab import BucketNotFound, plan_dataset
+from dataferry.course.lab.datasets import crc32c_b64
 
 
 def test_client_lists_and_downloads_byte_exact_with_crc32c(lab, lab_bucket, tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dataferry.lab import BucketNotFound, plan_dataset
+from dataferry.course.lab import BucketNotFound, plan_dataset
 from dataferry.mounts import MountError, file_cache_room_mb, is_mounted, mount_gcsfuse
 
 

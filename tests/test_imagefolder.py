@@ -19,8 +19,8 @@ from torchvision import transforms as T  # noqa: E402
 from dataferry import Cache, CachedImageFolder, GCSSource, LocalSource  # noqa: E402
 from dataferry.decode import DECODERS, DecodedImages, pixels, record_bytes  # noqa: E402
 from dataferry.errors import BadArgument  # noqa: E402
-from dataferry.feed import small_cnn  # noqa: E402
-from dataferry.lab.flowers import CLASSES, flower_jpeg, plan_flowers  # noqa: E402
+from dataferry.harness.feed import small_cnn  # noqa: E402
+from dataferry.course.lab.flowers import CLASSES, flower_jpeg, plan_flowers  # noqa: E402
 
 TRAIN, TEST = plan_flowers(60, seed=1, prefix="train/"), plan_flowers(20, seed=2, prefix="test/")
 
@@ -338,8 +338,8 @@ def test_a_crop_at_a_small_images_edge_is_that_images_pixels_whatever_else_is_in
 def test_compare_decoders_adds_the_gpu_row_when_the_compute_trains_on_cuda(tmp_path):
     """A compute that says it trains on CUDA gets the 'gpu' decoder by default: its workers read bytes and
     DecodeOnDevice decodes on the compute's device (here a stand-in whose device is the CPU: no GPU here)."""
-    from dataferry.bench.decoders import compare_decoders
-    from dataferry.feed import PROFILES, EmulatedCompute
+    from dataferry.harness.bench.decoders import compare_decoders
+    from dataferry.harness.feed import PROFILES, EmulatedCompute
 
     class OnCuda(EmulatedCompute):
         mode, device = "cuda", "cpu"
@@ -382,9 +382,9 @@ def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_
     """Every decoder and decode-once through real DataLoader workers into an emulated accelerator: one row
     per epoch with its cache state, decode-once's first epoch decoding into the cache; ``names`` restricts
     the images; a decoder that does not exist is refused before anything runs."""
-    from dataferry.bench.decoders import compare_decoders, decoder_gains
+    from dataferry.harness.bench.decoders import compare_decoders, decoder_gains
     from dataferry.errors import BadArgument
-    from dataferry.feed import PROFILES, EmulatedCompute
+    from dataferry.harness.feed import PROFILES, EmulatedCompute
 
     TEST.write_to(tmp_path / "photos")
     source = LocalSource(tmp_path / "photos" / "test")

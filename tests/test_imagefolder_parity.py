@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
 from dataferry import Cache, CachedImageFolder, LocalSource  # noqa: E402
-from dataferry.lab.flowers import flower_jpeg  # noqa: E402
+from dataferry.course.lab.flowers import flower_jpeg  # noqa: E402
 
 
 def _jpeg(path, seed: int = 1) -> None:

@@ -66,7 +66,7 @@ def test_lesson_10_stages_a_crash_and_a_disconnect_on_a_real_gcsfuse_mount(tmp_p
     """A crash (the writer killed) tears torch.save's only checkpoint: gcsfuse uploads the half it was given. A
     disconnect (writer and gcsfuse killed) leaves the previous object: an unfinished upload changes nothing.
     Checkpoints' newest recorded save loads whole after both."""
-    from dataferry.disconnect import CRASH, DISCONNECT, stage_failures
+    from dataferry.course.disconnect import CRASH, DISCONNECT, stage_failures
 
     monkeypatch.setenv("DATAFERRY_LAB_STATE", str(lab.state_dir))
     course = Course("10_checkpoints", "lab", str(tmp_path / "results"), str(tmp_path / "figures"))

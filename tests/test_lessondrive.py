@@ -1,4 +1,4 @@
-"""Lesson 01's front door (dataferry.lessondrive) when Colab grants Drive: the sample copied once, a later
+"""Lesson 01's front door (dataferry.course.lessondrive) when Colab grants Drive: the sample copied once, a later
 runtime's first read a first read, Drive's rows labelled as Drive's. google.colab cannot run here, so a
 stand-in module plays it (the one mock): its drive.mount makes a plain folder where Colab mounts Drive. The
 public flowers come from the real lab, reached through STORAGE_EMULATOR_HOST as in the Colab rehearsal, which
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dataferry.course import Course
-from dataferry.lessondrive import SAMPLE, drive_files
+from dataferry.course.lessondrive import SAMPLE, drive_files
 
 FLOWERS = "ai-platform/flowers/"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dataferry.lab import Lab, LabError, lab_processes
+from dataferry.course.lab import Lab, LabError, lab_processes
 from dataferry.mounts import fuse_status, is_mounted
 
 
@@ -107,7 +107,7 @@ def test_fixed_port_is_the_endpoint(own_lab):
 
 
 def _cli(*args, state_dir, env=None, check=True):
-    cmd = [sys.executable, "-m", "dataferry.cli", "lab", "--state-dir", str(state_dir), *args]
+    cmd = [sys.executable, "-m", "dataferry.course.cli", "lab", "--state-dir", str(state_dir), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")

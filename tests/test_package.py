@@ -40,7 +40,7 @@ def _pip_install(spec, target):
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), spec], check=True, timeout=600)
     return subprocess.run(
-        [sys.executable, "-c", "import dataferry, dataferry.course, dataferry.lab, dataferry.cli; print(dataferry.__file__)"],
+        [sys.executable, "-c", "import dataferry, dataferry.course, dataferry.course.lab, dataferry.course.cli; print(dataferry.__file__)"],
         capture_output=True, text=True, env={"PYTHONPATH": str(target)}, check=True, timeout=60,
     ).stdout
 
@@ -48,7 +48,7 @@ def _pip_install(spec, target):
 def _ships_the_course_data(target):
     """The top-level data/ folder (linked into the package) is installed as plain files."""
     for shipped in ("data/results/README.md", "data/public/flowers.json", "data/public/landsat-scene.json"):
-        path = target / "dataferry" / shipped
+        path = target / "dataferry" / "course" / shipped
         assert path.is_file() and not path.is_symlink(), f"{shipped}: the top-level data/ ships as plain files"
 
 
@@ -80,7 +80,7 @@ def test_builds_without_isolation_with_colabs_setuptools(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Warning" not in proc.stderr, proc.stderr[-2000:]
-    assert (tmp_path / "t" / "dataferry" / "course.py").exists()
+    assert (tmp_path / "t" / "dataferry" / "course" / "__init__.py").exists()
     _ships_the_course_data(tmp_path / "t")
 
 
@@ -108,20 +108,20 @@ def _imports(py):
 
 def test_no_module_below_the_lab_imports_it():
     """Lower floors never import higher ones: only the lab itself, the lessons' front door above it and the
-    command line (which wires every floor together) import dataferry.lab, not even lazily inside a function;
-    and nothing but the course layer imports the front door. The user-facing benchmarks (dataferry.bench,
-    dataferry.utilisation) leave their lab runs to dataferry.lab."""
+    command line (which wires every floor together) import dataferry.course.lab, not even lazily inside a function;
+    and nothing but the course layer imports the front door. The user-facing benchmarks (dataferry.harness.bench,
+    dataferry.harness.utilisation) leave their lab runs to dataferry.course.lab."""
     package = ROOT / "helpers" / "src" / "dataferry"
     offenders = []
-    front = tuple(f"dataferry.{m.removesuffix('.py')}" for m in LESSON_FRONT_DOOR)
+    front = tuple(f"dataferry.course.{m.removesuffix('.py')}" for m in LESSON_FRONT_DOOR)
     for py in sorted(package.rglob("*.py")):
         rel = py.relative_to(package).as_posix()
-        if rel.startswith("lab/") or rel == "cli.py" or rel in LESSON_FRONT_DOOR:
+        if rel.startswith("course/lab/") or rel == "course/cli.py" or rel.removeprefix("course/") in LESSON_FRONT_DOOR:
             continue
         for line, n in _imports(py):
-            if n == "dataferry.lab" or n.startswith("dataferry.lab."):
+            if n == "dataferry.course.lab" or n.startswith("dataferry.course.lab."):
                 offenders.append(f"{rel}:{line} imports {n}")
-            if n.startswith(front) and rel not in ("course.py", "clientdemos.py", "disconnect.py"):
+            if n.startswith(front) and rel not in ("course/__init__.py", "course/clientdemos.py", "course/disconnect.py"):
                 offenders.append(f"{rel}:{line} imports the lessons' front door ({n})")
     assert not offenders, offenders
 
@@ -145,8 +145,8 @@ def test_the_public_data_sets_are_read_from_the_shipped_manifests():
     lab's flowers and the Colab rehearsal's stand-ins all read."""
     from dataferry.course import PUBLIC_DATASETS
     from dataferry.errors import BadArgument
-    from dataferry.lab.flowers import PUBLIC_COUNTS
-    from dataferry.shipped import DATA, public_manifest
+    from dataferry.course.lab.flowers import PUBLIC_COUNTS
+    from dataferry.course.shipped import DATA, public_manifest
 
     assert DATA.resolve() == (ROOT / "data").resolve()
     assert sum(PUBLIC_COUNTS.values()) == 3670 and set(PUBLIC_COUNTS) == {"daisy", "dandelion", "roses", "sunflowers", "tulips"}
@@ -154,3 +154,101 @@ def test_the_public_data_sets_are_read_from_the_shipped_manifests():
     assert PUBLIC_DATASETS["landsat-scene"].suffix == public_manifest("landsat-scene")["suffix"] == ".TIF"
     with pytest.raises(BadArgument, match="known: flowers, landsat-scene"):
         public_manifest("imagenet")
+
+
+#: The library a training script imports: every module at the top of the package is one of these, or one of the
+#: two blocks above it (``harness``, ``course``).
+LIBRARY = {"__init__", "errors", "host", "progress", "aio", "gcs_media", "sources", "mounts", "cache", "stage", "dataset",
+           "decode", "crops", "shards", "checkpoints"}
+BLOCKS = {"library": 0, "harness": 1, "course": 2}
+PACKAGE = ROOT / "helpers" / "src" / "dataferry"
+
+
+def _module_of(py):
+    parts = list(py.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph():
+    """Module -> the dataferry modules it imports: at the top, inside functions and for type checking alike
+    (``from package import name`` names the submodule when ``name`` is one)."""
+    import ast
+
+    modules = {_module_of(py): py for py in PACKAGE.rglob("*.py")}
+    graph = {}
+    for module, py in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(py.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = module.split(".")[:len(module.split(".")) - node.level + (py.name == "__init__.py")]
+                origin = ".".join(base + [node.module or ""]).strip(".") if node.level else node.module or ""
+                targets = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in modules else origin for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != module:
+                    found.add(target)
+        graph[module] = found
+    return graph
+
+
+def _block(module):
+    part = module.split(".")[1] if "." in module else "__init__"
+    if part in ("harness", "course"):
+        return part
+    assert part in LIBRARY, f"{module}: a new module at the top of the package: put it in a block (LIBRARY, harness/, course/)"
+    return "library"
+
+
+def test_the_library_harness_and_course_import_downwards_only():
+    """The library imports neither the harness nor the course; the harness does not import the course."""
+    offenders = [f"{m} ({_block(m)}) imports {n} ({_block(n)})" for m, names in sorted(_import_graph().items())
+                 for n in sorted(names) if BLOCKS[_block(n)] > BLOCKS[_block(m)]]
+    assert not offenders, offenders
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    """Not even through a function's import or a type checker's: a circle means two modules are one idea, or one
+    holds what the other should be given."""
+    graph = _import_graph()
+    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            circle = []
+            while not circle or circle[-1] != v:
+                circle.append(stack.pop())
+                on_stack.discard(circle[-1])
+            if len(circle) > 1:
+                circles.append(sorted(circle))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    assert not circles, circles
+
+
+def test_what_pip_installs_holds_no_benchmark_and_nothing_that_imports_pytest(tmp_path):
+    """The benchmarks against peers stay in the repository's benchmarks/; test fixtures stay with the tests."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(tmp_path / "t"), str(ROOT / "helpers")], check=True, timeout=600)
+    installed = sorted((tmp_path / "t" / "dataferry").rglob("*.py"))
+    assert len(installed) == len(list(PACKAGE.rglob("*.py"))) > 50
+    offenders = [f"{py.relative_to(tmp_path / 't')}:{line} imports {name}" for py in installed
+                 for line, name in _imports(py) if name.split(".")[0] in ("pytest", "benchmarks", "_pytest")]
+    assert not offenders, offenders
+    assert not (tmp_path / "t" / "benchmarks").exists()
+    assert not {py.stem for py in installed} & {"cachebench", "trainbench", "shardbench", "peers", "feedpeers", "fixtures"}

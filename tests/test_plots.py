@@ -1,4 +1,4 @@
-"""Tests for dataferry.plots: files written, stable colours, what the boxes count, and empty input."""
+"""Tests for dataferry.harness.plots: files written, stable colours, what the boxes count, and empty input."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("matplotlib")
 pytest.importorskip("seaborn")
 
-from dataferry.plots import (  # noqa: E402
+from dataferry.harness.plots import (  # noqa: E402
     LAB_REGIONS_BY_DISTANCE,
     METHOD_ORDER,
     box_provenance,
@@ -24,7 +24,7 @@ from dataferry.plots import (  # noqa: E402
     save,
     standard_figures,
 )
-from dataferry.timing import COLUMNS  # noqa: E402
+from dataferry.harness.timing import COLUMNS  # noqa: E402
 
 METHODS = ("local", "gcsfuse", "api-serial")
 REGIONS = ("lab:cross-continent", "us-central1")
@@ -189,7 +189,7 @@ def test_a_figure_drawn_by_hand_has_no_box_record(tmp_path):
 
 
 def test_regions_run_nearest_first_lab_profiles_by_round_trip():
-    from dataferry.lab.profiles import PROFILES
+    from dataferry.course.lab.profiles import PROFILES
 
     assert list(LAB_REGIONS_BY_DISTANCE) == [f"lab:{p.name}" for p in sorted(PROFILES.values(), key=lambda p: p.rtt_ms)]
     regions = ("lab:cross-continent", "lab:colocated", "lab:same-continent")
@@ -199,7 +199,7 @@ def test_regions_run_nearest_first_lab_profiles_by_round_trip():
 
 
 def test_a_box_of_equal_values_keeps_its_method_colour():
-    from dataferry.plots import method_palette
+    from dataferry.harness.plots import method_palette
 
     rows = make_rows(methods=("gcsfuse",), regions=("us-central1",), repeats=3)
     rows.loc[rows["phase"] == "epoch", "MBps"] = 50.0
@@ -264,7 +264,7 @@ def test_a_log_axis_within_a_decade_labels_every_whole_step(lo, hi, labelled):
     """Values of 3.5-4.6 s must be readable off the axis: a span under a decade labels 2, 3, ... 9."""
     import matplotlib.pyplot as plt
 
-    from dataferry.plots import log_axis
+    from dataferry.harness.plots import log_axis
 
     fig, ax = plt.subplots()
     ax.set_ylim(lo, hi)
@@ -282,7 +282,7 @@ def test_the_au_figure_keeps_a_linear_percent_axis_when_a_panel_has_no_rows():
 
     import pandas as pd
 
-    from dataferry.plots import au_by_method
+    from dataferry.harness.plots import au_by_method
 
     rows = pd.DataFrame([{"phase": "train", "error": "", "pass": p, "method": "cache", "au": 0.5, "region": r,
                           "compute_profile": c, "lesson": "08", "runtime": "cpu", "bytes": 1, "samples": 1}

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dataferry.lab import PROFILES, LabError, Profile, get_profile
+from dataferry.course.lab import PROFILES, LabError, Profile, get_profile
 
 MB = 1_000_000
 
@@ -87,7 +87,7 @@ def test_unknown_profile_lists_the_known_ones():
 
 
 def test_only_a_lab_region_has_a_known_distance():
-    from dataferry.lab.profiles import added_rtt_ms
+    from dataferry.course.lab.profiles import added_rtt_ms
 
     assert added_rtt_ms("lab:colocated") < added_rtt_ms("lab:cross-continent")
     assert added_rtt_ms("lab:cross-continent") == PROFILES["cross-continent"].rtt_ms

@@ -1,4 +1,4 @@
-"""Tests for dataferry.runtime: region detection against real loopback servers, and capture()."""
+"""Tests for dataferry.harness.runtime: region detection against real loopback servers, and capture()."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dataferry.runtime import Region, Runtime, capture, detect_region, in_colab
+from dataferry.harness.runtime import Region, Runtime, capture, detect_region, in_colab
 
 ZONE_PATH = "/computeMetadata/v1/instance/zone"
 
@@ -194,7 +194,7 @@ def test_not_in_colab() -> None:
 
 def test_tpu_found_from_colab_variables_and_vfio_groups(monkeypatch, tmp_path) -> None:
     """v5e/v6e TPU hosts expose /dev/vfio/N, older ones /dev/accel*; Colab sets TPU_ACCELERATOR_TYPE."""
-    from dataferry.runtime import _TPU_ENV_VARS, _tpu
+    from dataferry.harness.runtime import _TPU_ENV_VARS, _tpu
 
     for var in _TPU_ENV_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -214,7 +214,7 @@ def test_tpu_found_from_colab_variables_and_vfio_groups(monkeypatch, tmp_path) -
 
 
 def test_colocation_of_a_runtime_and_a_bucket():
-    from dataferry.runtime import colocation
+    from dataferry.harness.runtime import colocation
 
     assert colocation("us-central1", "US-CENTRAL1") == "same region"
     assert colocation("us-east1", "US") == "inside the bucket's multi-region"
@@ -227,7 +227,7 @@ def test_colocation_of_a_runtime_and_a_bucket():
 def test_colocation_says_unknown_for_a_place_a_geo_ip_lookup_gives():
     """A geo-IP answer is a state or a country, not a cloud region: it can place a runtime neither inside nor
     outside a bucket's region."""
-    from dataferry.runtime import colocation
+    from dataferry.harness.runtime import colocation
 
     assert colocation("Iowa, US", "US-CENTRAL1") == colocation("iowa", "US") == "unknown"
     assert colocation("us-central1", "US-CENTRAL1") == "same region"

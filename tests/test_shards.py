@@ -14,7 +14,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from dataferry import Cache, GCSSource, LocalSource
-from dataferry.lab import plan_dataset
+from dataferry.course.lab import plan_dataset
 from dataferry.shards import INDEX, ShardDataset, ShardFormatError, ShardLoader, make_shards, read_index, samples
 
 N, SIZE, SHARD = 120, 20_000, 110_000  # 24 shards of 5 samples
@@ -227,7 +227,7 @@ def test_cli_makes_shards_from_a_folder(tmp_path):
     src.mkdir()
     for i in range(6):
         (src / f"{i}.txt").write_text(str(i) * 1000)
-    out = subprocess.run([sys.executable, "-m", "dataferry.cli", "shards", "make", str(src), str(tmp_path / "out"),
+    out = subprocess.run([sys.executable, "-m", "dataferry.course.cli", "shards", "make", str(src), str(tmp_path / "out"),
                           "--shard-mb", "0.004"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "6 samples in 3 shards" in out.stdout

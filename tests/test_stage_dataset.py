@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from dataferry import Cache, CachedDataset, GCSSource, LocalSource, Prefetcher, stage
-from dataferry.lab import Profile, plan_dataset
+from dataferry.course.lab import Profile, plan_dataset
 from dataferry.stage import shard_of
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -279,7 +279,7 @@ def test_dataset_reads_a_replaced_object_in_its_new_version(lab, dataset, tmp_pa
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "dataferry.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "dataferry.course.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_cli_stage_and_cache_commands(dataset, tmp_path):

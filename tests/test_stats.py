@@ -1,4 +1,4 @@
-"""Tests for dataferry.stats: known answers, bootstrap behaviour, grouping and epoch throughput."""
+"""Tests for dataferry.harness.stats: known answers, bootstrap behaviour, grouping and epoch throughput."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dataferry.stats import (Summary, bootstrap_median_ci, epoch_throughput, speedup, summarize, summarize_frame,
+from dataferry.harness.stats import (Summary, bootstrap_median_ci, epoch_throughput, speedup, summarize, summarize_frame,
                              three_digits)
 
 
@@ -72,7 +72,7 @@ def test_deterministic_given_seed():
 
 def test_chunked_resampling(monkeypatch):
     # Large samples are resampled in row chunks; the loop must fill every replicate and stay seeded.
-    import dataferry.stats as stats
+    import dataferry.harness.stats as stats
 
     x = np.random.default_rng(9).lognormal(0, 1, 200)
     monkeypatch.setattr(stats, "_MAX_RESAMPLE_CELLS", 1000)  # 5 rows per chunk
@@ -234,7 +234,7 @@ def _epoch_rows(lesson: str | None, files: int, mbps: list[float], region: str =
 def test_the_summary_never_pools_two_lessons_or_two_file_counts():
     """Same region, method and file size: rows of two lessons, or of 5 files and of 12, are two settings, each
     with its own median and its own line in the table."""
-    from dataferry.bench import summary, summary_table
+    from dataferry.harness.bench import summary, summary_table
 
     rows = pd.concat([_epoch_rows("02_gcsfuse", 5, [1.0, 1.0, 1.0]), _epoch_rows("07_measure_by_region", 12, [9.0, 9.0, 9.0]),
                       _epoch_rows("07_measure_by_region", 5, [4.0, 4.0, 4.0])], ignore_index=True)
@@ -248,7 +248,7 @@ def test_the_summary_never_pools_two_lessons_or_two_file_counts():
 
 
 def test_rows_of_one_run_without_a_lesson_are_summarised_by_file_count():
-    from dataferry.bench import summary, summary_table
+    from dataferry.harness.bench import summary, summary_table
 
     rows = pd.concat([_epoch_rows(None, 5, [1.0, 1.0]), _epoch_rows(None, 12, [3.0, 3.0])], ignore_index=True)
     result = summary(rows)
@@ -257,7 +257,7 @@ def test_rows_of_one_run_without_a_lesson_are_summarised_by_file_count():
 
 
 def test_rows_of_two_runtime_kinds_are_two_settings():
-    from dataferry.bench import summary, summary_table
+    from dataferry.harness.bench import summary, summary_table
 
     rows = pd.concat([_epoch_rows(None, 5, [1.0, 1.0]).assign(runtime="colab-cpu"),
                       _epoch_rows(None, 5, [3.0, 3.0]).assign(runtime="colab-gpu")], ignore_index=True)

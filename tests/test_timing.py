@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dataferry.timing import (COLUMNS, SCHEMA_VERSION, Results, evict, load_results, residency_state,
+from dataferry.harness.timing import (COLUMNS, SCHEMA_VERSION, Results, evict, load_results, residency_state,
                               resident_fraction, time_h2d, timed_read)
 
 
@@ -87,7 +87,7 @@ def test_results_round_trip(tmp_path):
 def test_an_interrupted_run_keeps_its_rows(tmp_path):
     code = (
         "import os, signal, sys\n"
-        "from dataferry.timing import Results\n"
+        "from dataferry.harness.timing import Results\n"
         "r = Results(sys.argv[1])\n"
         "for i in range(7):\n"
         "    r.add(method='m', phase='read', bytes=1, ns=1, file=str(i))\n"

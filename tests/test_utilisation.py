@@ -4,11 +4,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dataferry.lab.methodsbench import lab_target  # noqa: E402
-from dataferry.feed import ComputeProfile  # noqa: E402
-from dataferry.runtime import detect_region  # noqa: E402
-from dataferry.timing import Results, load_results  # noqa: E402
-from dataferry.utilisation import AU_METHODS, au_table, compare_au  # noqa: E402
+from dataferry.course.lab.methodsbench import lab_target  # noqa: E402
+from dataferry.harness.feed import ComputeProfile  # noqa: E402
+from dataferry.harness.runtime import detect_region  # noqa: E402
+from dataferry.harness.timing import Results, load_results  # noqa: E402
+from dataferry.harness.utilisation import AU_METHODS, au_table, compare_au  # noqa: E402
 
 
 def test_every_method_feeds_epochs_and_only_the_local_ones_keep_a_far_accelerator_busy(gcsfuse_lab, tmp_path):

@@ -13,8 +13,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from dataferry import plots  # noqa: E402
-from dataferry.bench import Turn, interleave, medians  # noqa: E402
+from dataferry.harness import plots  # noqa: E402
+from dataferry.harness.bench import Turn, interleave, medians  # noqa: E402
 from dataferry.errors import BadArgument  # noqa: E402
 
 
@@ -125,7 +125,7 @@ def test_a_way_cannot_overwrite_the_columns_interleave_fills():
 
 
 def test_failed_rows_are_said_with_the_first_error_and_nothing_is_said_when_none_failed():
-    from dataferry.bench import say_failures
+    from dataferry.harness.bench import say_failures
 
     said: list[str] = []
     rows = pd.DataFrame({"error": ["", "ConnectionResetError: peer reset", "", "TimeoutError"]})

@@ -21,22 +21,31 @@ Stage first when the data fits on local disk and you want epoch 1 to run at full
 on first read when you want to start training at once, or the data only partly fits (the LRU
 budget keeps the most recently used part).
 
-Modules, lowest floor first: ``errors`` (the one error root, ``DataferryError``), ``host`` (is a process alive, is this Colab, what is mounted where), ``progress`` (progress bars), ``aio`` (the
-process's download loop), ``gcs_media`` (GCS media downloads over aiohttp), ``sources`` (where
-bytes live), ``mounts`` (gcsfuse, Drive and the Colab helpers), ``runtime`` (what we run on,
-which region), ``cache`` (the local cache: a package, ``Cache`` its face), ``stage`` (parallel
-staging, prefetch), ``dataset`` (PyTorch), ``shards`` (tar shards streamed through the cache under
-its budget, and making them), ``checkpoints`` (checkpoints that survive a disconnect), ``timing`` (cache-state control, timed reads, result
-files), ``stats`` (medians, bootstrap intervals), ``plots`` (the standard figures), ``bench``
-(ready-made experiments), ``course`` (the lessons' choices: which data, where results go, what
-the setup cell installs), ``analysis`` (the analysis lesson's pooling and findings), ``lab`` (the offline cloud for tests and lessons), ``cli`` (the
-``dataferry`` command).
-Names are imported lazily, so ``import dataferry`` needs neither torch nor a network.
+Three blocks, each importing only those before it:
+
+- **the library** a training script imports, in this folder, lowest floor first: ``errors`` (the one error
+  root, ``DataferryError``), ``host`` (is a process alive, is this Colab, what is mounted where), ``progress``
+  (progress bars), ``aio`` (the process's download loop), ``gcs_media`` (GCS media downloads over aiohttp),
+  ``sources`` (where bytes live), ``mounts`` (gcsfuse, Drive and the Colab helpers), ``cache`` (the local
+  cache: a package, ``Cache`` its face), ``stage`` (parallel staging, prefetch), ``dataset`` and ``decode``
+  (PyTorch), ``shards`` (tar shards streamed through the cache under its budget, and making them),
+  ``checkpoints`` (checkpoints that survive a disconnect);
+- **the harness** (``dataferry.harness``): honest timings, tidy results and the standard figures;
+- **the course** (``dataferry.course``): the lessons' front door, their helpers and findings, the analysis,
+  the offline lab and the ``dataferry`` command.
+
+The benchmarks against peers live outside the package, in the repository's ``benchmarks/``. Names are
+imported lazily, so ``import dataferry`` needs neither torch nor a network.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
 from typing import Any
 
 __version__ = "0.1.0"
@@ -63,3 +72,41 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'dataferry' has no attribute {name!r}")
+
+
+#: Modules that moved into the harness and course blocks, by their old names (``dataferry.<old>``).
+_MOVED = {**{name: f"dataferry.harness.{name}" for name in
+             ("timing", "stats", "plots", "bench", "feed", "utilisation", "runtime", "folders")},
+          **{name: f"dataferry.course.{name}" for name in
+             ("analysis", "shipped", "clientdemos", "disconnect", "cli", "findings", "lab", "lessonau", "lessondata",
+              "lessondrive", "lessonfiles", "lessonlayouts", "lessonshards", "lessontraining")}}
+
+
+class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import dataferry.timing`` and the other old paths of :data:`_MOVED` keep working for one release: each
+    gives a module that reads through to the new one, with a FutureWarning (shown in a notebook, where a
+    DeprecationWarning raised inside the import system would not be)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        parts = fullname.split(".")
+        if len(parts) < 2 or parts[0] != "dataferry" or parts[1] not in _MOVED:
+            return None
+        new = ".".join([_MOVED[parts[1]], *parts[2:]])
+        return importlib.util.spec_from_loader(fullname, self, origin=new)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        new = module.__spec__.origin if module.__spec__ else None
+        assert new is not None
+        warnings.warn(f"{module.__name__} moved to {new}: import it from there (the old path goes in the next "
+                      "release)", FutureWarning, stacklevel=2)
+        real = importlib.import_module(new)
+        module.__dict__.update({k: v for k, v in vars(real).items() if not k.startswith("__")})
+        module.__getattr__ = lambda name: getattr(real, name)  # type: ignore[method-assign]
+        if hasattr(real, "__path__"):
+            module.__path__ = []  # a package: its submodules come through here too
+
+
+sys.meta_path.append(_OldPaths())

@@ -18,8 +18,7 @@ from typing import Any
 from dataferry.cache.counters import Counters
 from dataferry.cache.errors import disk_full
 from dataferry.cache.layout import Layout
-from dataferry.cache.lease import is_lease
-from dataferry.cache.store import leased, reclaim_dead_fills
+from dataferry.cache.store import is_lease, leased, reclaim_dead_fills
 from dataferry.sources import Entry
 
 __all__ = ["Budget", "Refusal", "lru", "DEFAULT_MIN_FREE_BYTES", "ROOM_WAIT_S"]

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from dataferry.cache.budget import Budget
 from dataferry.cache.errors import CacheFolderError, disk_full
 from dataferry.cache.layout import Layout
-from dataferry.cache.lease import Lease
+from dataferry.cache.lease import Ask, Lease
 from dataferry.cache.locks import hold_across_fork
 from dataferry.cache.placing import syncfs
 from dataferry.cache.store import LEASES, close, connect, create, damaged, has_schema, release, set_aside
@@ -58,6 +58,17 @@ def _flush_at_exit(ref: weakref.ref) -> None:
             pass
 
 
+def _writer_of(ref: weakref.ReferenceType[Index]) -> Ask:
+    """The lease's way to this index's writer, through a weak reference: the index owns its lease, and no
+    cycle keeps either (or its writer thread) alive."""
+    def ask(kind: str, args: tuple[Any, ...], answer: Future) -> None:
+        index = ref()
+        if index is None:
+            raise RuntimeError("the cache's index is closed")
+        index.writer.ask(kind, args, answer)
+    return ask
+
+
 class Index:
     """The index of one cache folder, for this process (a forked child makes its own). ``write_lock``
     is held by every write transaction of this process, and across a fork; what is queued for it is
@@ -70,7 +81,7 @@ class Index:
         self.write_lock = threading.RLock()
         hold_across_fork(self)
         atexit.register(_flush_at_exit, weakref.ref(self))
-        self.lease = Lease(self)
+        self.lease = Lease(_writer_of(weakref.ref(self)), enabled=budget.max_bytes is None)
         self._local = threading.local()
         self._mutex = threading.Lock()
         self._writer: IndexWriter | None = None

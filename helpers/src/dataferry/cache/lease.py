@@ -23,14 +23,18 @@ import os
 import sqlite3
 import threading
 import time
-import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from dataferry.cache.index import Index, IndexWriter
+from dataferry.cache.store import is_lease, lease_key
 
-__all__ = ["Lease", "LEASE_BYTES", "LEASE_OBJECT_MAX", "is_lease"]
+__all__ = ["Lease", "LEASE_BYTES", "LEASE_OBJECT_MAX", "is_lease", "Ask"]
+
+#: How a lease reaches the index writer: ``ask(kind, args, answer)`` queues a request whose outcome lands on
+#: the future ``answer`` (:meth:`dataferry.cache.index.IndexWriter.ask`); it raises RuntimeError once the
+#: index is closed.
+Ask = Callable[[str, tuple[Any, ...], Future], None]
 
 LEASE_BYTES = 16 << 20
 LEASE_OBJECT_MAX = 4 << 20
@@ -38,18 +42,16 @@ REFUSED_PAUSE_S = 1.0  # after a refused lease, fills reserve their own room thi
 _NUMBERS = itertools.count()
 
 
-def is_lease(key: str) -> bool:
-    return key.startswith("lease.")
-
-
 class Lease:
     """This process's lease on one cache folder's room (a forked child makes its own)."""
 
-    def __init__(self, index: Index) -> None:
-        self._index = weakref.ref(index)  # the index owns its lease: no cycle keeps either (or its writer thread) alive
+    def __init__(self, ask: Ask, enabled: bool) -> None:
+        """``ask`` reaches the index writer; ``enabled`` is False under a byte cap, where every fill reserves
+        exactly its own size."""
+        self._ask = ask
         self.pid = os.getpid()
-        self.key = f"lease.{self.pid}.{next(_NUMBERS)}"  # one per open cache: two never share a row
-        self.enabled = index.budget.max_bytes is None
+        self.key = lease_key(self.pid, next(_NUMBERS))  # one per open cache: two never share a row
+        self.enabled = enabled
         self._credit = 0  # leased bytes not drawn yet
         self._pending = 0  # bytes drawn and not yet recorded (nor given back)
         self._held = False  # whether the index has a row for this lease
@@ -103,7 +105,7 @@ class Lease:
         now = time.time()
         answer: Future = Future()
         try:
-            self._writer().ask("reserve", (self.key, "", "lease", "", LEASE_BYTES, self.pid, now, now), answer)
+            self._ask("reserve", (self.key, "", "lease", "", LEASE_BYTES, self.pid, now, now), answer)
             refused = answer.result() is not None
         except (sqlite3.OperationalError, RuntimeError):  # an index that cannot grow, a writer that stopped
             refused = True  # the fill reserves its own room, which says why it cannot
@@ -122,11 +124,5 @@ class Lease:
                 return
             self._held, self._credit = False, 0
         answer: Future = Future()
-        self._writer().ask("forget", (self.key, self.pid), answer)
+        self._ask("forget", (self.key, self.pid), answer)
         answer.result()
-
-    def _writer(self) -> IndexWriter:
-        index = self._index()
-        if index is None:
-            raise RuntimeError("the cache's index is closed")
-        return index.writer

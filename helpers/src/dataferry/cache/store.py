@@ -27,7 +27,8 @@ from dataferry.cache.locks import hold_across_fork
 from dataferry.host import pid_alive
 
 __all__ = ["SCHEMA_VERSION", "connect", "create", "damaged", "still_damaged", "recount", "release",
-           "reclaim_dead_fills", "leased", "close", "set_aside", "has_schema", "LEASES"]
+           "reclaim_dead_fills", "leased", "close", "set_aside", "has_schema", "LEASES", "LEASE_PREFIX",
+           "is_lease", "lease_key"]
 
 SCHEMA_VERSION = 1
 OPEN_TIMEOUT_S = 60.0
@@ -125,7 +126,19 @@ def recount(db: sqlite3.Connection) -> None:
         filling_bytes = (SELECT coalesce(sum(size), 0) FROM entries WHERE state = 'filling')""")
 
 
-LEASES = "key >= 'lease.' AND key < 'lease/'"  # the rows of leases on room (:mod:`dataferry.cache.lease`), by key range
+#: The rows of processes' leases on room (:mod:`dataferry.cache.lease`), keyed ``lease.PID.N``: the one place
+#: that says what a lease's key is, as a test on a key and as the same key range in SQL.
+LEASE_PREFIX = "lease."
+LEASES = "key >= 'lease.' AND key < 'lease/'"
+
+
+def is_lease(key: str) -> bool:
+    return key.startswith(LEASE_PREFIX)
+
+
+def lease_key(pid: int, number: int) -> str:
+    return f"{LEASE_PREFIX}{pid}.{number}"
+
 
 
 def leased(db: sqlite3.Connection) -> tuple[int, int]:

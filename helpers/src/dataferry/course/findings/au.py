@@ -1,0 +1,138 @@
+"""Lesson 08's findings: will the accelerator starve? Utilisation (AU) per way of reading, judged in the steady
+state against MLPerf Storage's thresholds, and what decoding costs once the files are local."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataferry.harness.feed import PREFETCH_FACTOR
+from dataferry.course.findings import MIN_REPEATS, Conclusion
+
+__all__ = ["where_said", "MLPERF", "target_for", "steady", "utilisation", "decoding"]
+
+#: MLPerf Storage's AU thresholds by workload: a storage system passes when the accelerators stay busy at
+#: least this share of the time (ResNet-50 and U-Net3D 90%, CosmoFlow 70%).
+MLPERF = {"resnet": 0.9, "unet": 0.9, "cosmoflow": 0.7}
+
+
+def target_for(model: str) -> tuple[float, str]:
+    """The AU threshold for a model, and whose it is: MLPerf Storage's for its workload; for another model
+    its ResNet-50 threshold, said so."""
+    name = model.lower().replace("-", "")
+    for key, share in MLPERF.items():
+        if key in name:
+            return share, f"MLPerf Storage's {share:.0%} for {model.split(',')[0]}"
+    return 0.9, "MLPerf Storage's 90% for ResNet-50 (this model has no threshold of its own)"
+
+
+def steady(rows: Any, batch_size: int) -> Any:
+    """Each train row's AU once its pipeline was full (``first_byte_ns``: the time of the first step and of the
+    ``concurrency x 2`` batches the workers fetched ahead); NaN for an epoch no longer than that fill, whose
+    batches were all fetched ahead: its later steps barely wait whatever the source, so it has no steady state."""
+    import numpy as np
+
+    steps = np.ceil(rows["samples"] / batch_size)
+    fill = 1 + PREFETCH_FACTOR * rows["concurrency"].fillna(0)
+    compute = rows["au"] * rows["ns"]
+    rest = rows["ns"] - rows["first_byte_ns"]
+    return (compute * (steps - fill) / steps / rest).where((rest > 0) & (steps > fill))
+
+
+def _ci(values: Any) -> tuple[float, float]:
+    from dataferry.harness.stats import bootstrap_median_ci
+
+    return bootstrap_median_ci(values) if len(values) >= MIN_REPEATS else (float("nan"), float("nan"))
+
+
+def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeats: int, batch_size: int) -> Conclusion:
+    """``rows``: the ``train`` rows of one compute ``profile`` in one ``region``; verdicts from epochs after the
+    first, in the steady state (the first step's wait apart), each method's median against the profile's
+    threshold with its 95% interval over the runs."""
+    at, whose = target_for(profile.model)
+    ok = rows[(rows["error"].fillna("") == "") & (rows["pass"] >= 1)].assign(steady_au=lambda r: steady(r, batch_size))
+    said = [f"{profile.name} ({profile.samples_per_s:.0f} samples/s); the threshold is {whose}."]
+    passing, failing, unsure, short = [], [], [], []
+    for m in methods:
+        mine = ok[ok["method"] == m]
+        if mine.empty:
+            continue
+        e1, later = mine[mine["pass"] == 1], mine[mine["pass"] > 1]
+        values = later["steady_au"].dropna()
+        if values.empty:
+            short.append(m)
+            continue
+        med, (low, high) = values.median(), _ci(values)
+        said.append(f"{m}: AU {e1['au'].median():.0%} in epoch 1, {later['au'].median():.0%} in later epochs, {med:.0%} "
+                    "once their pipeline was full"
+                    + (f" [95% CI {low:.0%}, {high:.0%}]." if low == low else ", too few runs for an interval."))
+        if low == low and low >= at:
+            passing.append(m)
+        elif low == low and high < at:
+            failing.append(m)
+        else:
+            unsure.append(m)
+    if passing or failing:
+        said.append(f"In the steady state, at or above {at:.0%}: {', '.join(passing) or 'no method'}; below it: "
+                    f"{', '.join(failing) or 'no method'}.")
+    if unsure:
+        said.append(f"{', '.join(unsure)}: the interval straddles {at:.0%} (or rests on too few runs), so this run "
+                    "cannot say; raise REPEATS.")
+    if short:
+        said.append(f"{', '.join(short)}: later epochs no longer than the pipeline's fill (the first step and the "
+                    "batches the workers fetch ahead) have no steady state, so this run cannot say; raise N_FILES.")
+    if "local" in failing:
+        said.append("Even local disk stayed below the threshold in the steady state: a faster source alone would not "
+                    "keep this accelerator busy on this runtime; the disk or the work after it (the workers, their "
+                    "CPUs) is the limit, and this run does not tell them apart.")
+    if repeats < 5:
+        said.append(f"Only {repeats} run(s) of every method: these medians say little (the course's rule is at least 5).")
+    return Conclusion(where_said(region), said)
+
+
+def where_said(region: str) -> str:
+    """A run's heading: ``lab:<profile>`` as it is, a cloud region named as one, an unknown one said so."""
+    if region.startswith("lab:"):
+        return region
+    return f"region {region}" if region and region != "unknown" else "region not found"
+
+
+def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclusion:
+    """``rows``: :func:`dataferry.harness.bench.decoders.compare_decoders`'s, per decoder and epoch; epochs after the
+    first are compared. A one-core cost that implies fewer images/s than the loop ran is a measurement error,
+    said as such."""
+    from dataferry.harness.bench.decoders import decoder_gains
+
+    where = where_said(where)
+
+    later = rows[rows["epoch"] > 1].groupby("decoder", sort=False)
+    if not len(later):
+        return Conclusion(where, ["DECODE_EPOCHS is 1: every epoch measured started its workers; raise it to 2 or "
+                                  "more to compare decoders."])
+    rate, au = later["samples_per_s"].median(), later["au"].median()
+    ms = rows.groupby("decoder", sort=False)["decode_ms_per_sample"].first()
+    said = [f"{cpus} CPUs, {workers} workers, feeding {fed}. PIL, as ImageFolder decodes: {rate['pil']:.0f} images/s, AU "
+            f"{au['pil']:.0%}."]
+    for d in rate.index:
+        ceiling = workers * 1000 / ms[d]
+        if d != "gpu" and ceiling < 0.95 * rate[d]:
+            said.append(f"{d}'s one-core cost, {ms[d]:.2f} ms, allows at most {ceiling:.0f} images/s from {workers} "
+                        f"workers, yet the loop ran at {rate[d]:.0f}: a measurement error in that cost (the machine was "
+                        "busier while it was timed); its cost is not used below.")
+    gains = decoder_gains(rows.to_dict("records"))
+    for d, (g, low, high) in gains.items():
+        if d != "pil":
+            said.append(f"{d}: {g:.2f}x PIL's images/s [95% CI {low:.2f}, {high:.2f}]"
+                        + (": not told apart from PIL" if low <= 1 <= high else "") + f"; AU {au[d]:.0%}.")
+    ranked = sorted(gains, key=lambda d: gains[d][0], reverse=True)
+    best = ranked[0]
+    said.append(f"The fastest was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "") + ": "
+                + ("it kept the accelerator busy at least 90% of the time." if au[best] >= 0.9 else
+                   f"even so the accelerator waited {1 - au[best]:.0%} of the time, every image already on local disk."))
+    slack = [d for d in rate.index if d != "gpu" and workers * 1000 / ms[d] > 2 * rate[d]]
+    if slack:
+        what = " (decode-once: crop and flip; it decodes nothing after epoch 1)" if any(
+            d.startswith("decode-once") for d in slack) else ""
+        said.append(f"For {', '.join(slack)}, {workers} workers could decode{what} at their one-core costs more than twice the "
+                    "images/s the loop ran at: decoding is one part of an image's cost; the rest (reading, collating, "
+                    "handing batches over, the CPUs the workers share) is not profiled here.")
+    return Conclusion(where, said)

@@ -1,0 +1,13 @@
+"""The timing harness: honest cold and warm measurements of any way of reading, tidy results, standard figures.
+
+It builds on the library (``dataferry``'s sources, cache and datasets) and never imports the course:
+
+- ``timing``: cache-state control (drop or evict pages, residency probes), timed reads, the results files;
+- ``stats``: medians, bootstrap intervals, speedups;
+- ``plots``: the standard figures;
+- ``bench``: ready-made experiments: first vs repeated reads by method, decoders, interleaved rounds;
+- ``feed``: a training loop's feed against an emulated or real accelerator, and its utilisation;
+- ``utilisation``: accelerator utilisation by method and epoch;
+- ``runtime``: what this runs on and in which region;
+- ``folders``: listings, copies and reads of local folders, timed.
+"""

@@ -1,0 +1,236 @@
+"""After the cache: what decoding costs a training epoch, decoder by decoder, and what decode-once buys.
+
+Once the images are on local disk, a DataLoader worker spends its time decoding and augmenting them
+(see :mod:`dataferry.decode`). :func:`compare_decoders` stages a folder of images (``<class>/<file>.jpg``,
+as ``ImageFolder`` reads) into one cache, then runs the same training loop once per decoder: a
+:class:`~dataferry.CachedImageFolder` with that ``loader``, the usual augmentation (a random resized crop
+and a flip), a real ``DataLoader`` with ``workers`` processes, into ``compute`` (an emulated accelerator
+or a real model). Decode-once (:class:`~dataferry.decode.DecodedImages`) runs last: its first epoch
+decodes into the cache, later ones crop the decoded pixels. When ``compute`` trains on a CUDA GPU, a
+``gpu`` row runs too: the workers only read bytes and the GPU decodes each batch
+(:class:`~dataferry.decode.DecodeOnDevice`). Each row is one epoch: samples/s, AU, the share of wall time
+the step waited for data, the cache state, and the decoder's milliseconds per image on one core (read
+from the page cache, decode, augment; for ``gpu``, on the GPU in a batch).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gc
+import os
+import random
+import time
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dataferry.cache import Cache
+from dataferry.decode import DECODERS, DecodedImages, DecodeOnDevice, collate_encoded, decode_image, encoded, pixels
+from dataferry.errors import BadArgument
+from dataferry.sources import Source
+
+__all__ = ["COST_ROUNDS", "GPU", "STAGES", "augment", "compare_decoders", "decode_ms", "decoder_gains",
+           "device_decode_ms", "interleaved_costs", "interleaved_runs", "stage_us"]
+
+T = TypeVar("T")
+
+#: The decoder name of decoding on the GPU (:class:`~dataferry.decode.DecodeOnDevice`), beside :data:`DECODERS`.
+GPU = "gpu"
+
+
+def augment(crop: int = 224) -> Any:
+    """The usual training augmentation, for a PIL image or a uint8 tensor, ending in a uint8 tensor (the
+    model's step scales it): ``RandomResizedCrop(crop)`` (:class:`dataferry.crops.RandomResizedCrop`:
+    torchvision's, the same pixels in less time), then a random horizontal flip."""
+    import torch
+    from torchvision.transforms import v2
+
+    from dataferry.crops import RandomResizedCrop
+
+    return v2.Compose([v2.ToImage(), RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip(),
+                       v2.ToDtype(torch.uint8)])
+
+
+def decode_ms(blobs: Sequence[bytes], decoder: Callable[[bytes], Any], transform: Callable[[Any], Any]) -> float:
+    """Milliseconds per image on this core: decode ``blobs`` (already in memory) with ``decoder``, then
+    ``transform``; one untimed pass first."""
+    for data in blobs[:4]:
+        transform(decoder(data))
+    t0 = time.perf_counter()
+    for data in blobs:
+        transform(decoder(data))
+    return (time.perf_counter() - t0) / len(blobs) * 1e3
+
+
+#: The stages of a sample's time in a DataLoader worker, as :func:`stage_us` times them.
+STAGES = ("read", "decode", "augment", "collate")
+
+
+def stage_us(read: Callable[[int], Any], decode: Callable[[Any], Any], transform: Callable[[Any], Any],
+             indices: Sequence[int], batch: int) -> dict[str, float]:
+    """Microseconds per sample on this core, stage by stage (:data:`STAGES`), as a worker spends them: ``read(i)``
+    (through the cache: open, read, CRC32C check), ``decode`` (a JPEG decoder, or the view of decoded pixels),
+    ``transform`` (the augmentation) and the default collation of ``batch`` samples into one batch. Each stage is
+    timed over every sample of ``indices`` (one untimed sample first), in order, the page cache warm."""
+    from torch.utils.data import default_collate
+
+    def timed(f: Callable[[Any], Any], items: Sequence[Any]) -> tuple[float, list[Any]]:
+        f(items[0])
+        t0 = time.perf_counter_ns()
+        out = [f(x) for x in items]
+        return (time.perf_counter_ns() - t0) / len(items) / 1e3, out
+
+    read_us, data = timed(read, indices)
+    decode_us, images = timed(decode, data)
+    augment_us, samples = timed(transform, images)
+    batches = [[(x, 0) for x in samples[i:i + batch]] for i in range(0, len(samples) - batch + 1, batch)] or [
+        [(x, 0) for x in samples]]
+    collate_us, _ = timed(default_collate, batches)
+    return {"read": read_us, "decode": decode_us, "augment": augment_us, "collate": collate_us / len(batches[0])}
+
+
+def device_decode_ms(blobs: Sequence[bytes], crop: int = 224, device: str = "cuda") -> float:
+    """Milliseconds per image to decode ``blobs`` (JPEGs) in one batch on ``device`` and crop and flip each
+    there (:class:`~dataferry.decode.DecodeOnDevice`); one untimed batch first."""
+    import torch
+
+    batch = [(encoded(data), 0) for data in blobs]
+    on_device = DecodeOnDevice([collate_encoded(batch)], crop, device)
+    sync = torch.cuda.synchronize if on_device.device.type == "cuda" else (lambda: None)
+    for _ in range(2):
+        sync()
+        t0 = time.perf_counter()
+        next(iter(on_device))
+        sync()
+    return (time.perf_counter() - t0) / len(blobs) * 1e3
+
+
+#: How many times each decoder's cost on one core is measured, in turns.
+COST_ROUNDS = 5
+
+
+def interleaved_costs(cost_of: dict[str, Callable[[], float]], rounds: int = COST_ROUNDS,
+                      seed: int = 0) -> dict[str, float]:
+    """Each decoder's milliseconds per image: the median of ``rounds`` measurements taken in turns, in an order
+    shuffled anew each round, while no worker runs, so a slow minute of the machine falls on every decoder
+    alike rather than on whichever was measured last (one pass each, in a fixed order, made the costs rise
+    in measurement order)."""
+    import statistics
+
+    return {name: statistics.median(values) for name, values in interleaved_runs(cost_of, rounds, seed).items()}
+
+
+def interleaved_runs(run_of: dict[str, Callable[[], T]], rounds: int, seed: int = 0) -> dict[str, list[T]]:
+    """``rounds`` results of each of ``run_of``'s callables, called in turns, in an order shuffled anew each round
+    (what :func:`interleaved_costs` takes the median of)."""
+    rng, got = random.Random(seed), {name: list[T]() for name in run_of}
+    for _ in range(rounds):
+        order = list(run_of)
+        rng.shuffle(order)
+        for name in order:
+            got[name].append(run_of[name]())
+    return got
+
+
+def _named(names: frozenset[str], name: str) -> bool:
+    return name in names
+
+
+def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any, *, workers: int, batch_size: int,
+                     epochs: int = 3, decoders: Sequence[str] | None = None, decode_once: int | None = 256,
+                     crop: int = 224, names: Collection[str] | None = None, seed: int = 0,
+                     say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """One training loop per decoder over the images of ``source`` (only ``names``, if given), all read from
+    one cache under ``work``, staged first. Returns a row per epoch (see the module's docstring). Epoch 1
+    of each decoder starts its workers; later epochs are what a long training run sees. ``decoders``
+    (default: every one of :data:`DECODERS`, and :data:`GPU` when ``compute`` trains on a CUDA GPU)."""
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from dataferry.dataset import CachedImageFolder
+    from dataferry.harness.feed import feed
+    from dataferry.stage import stage
+    from dataferry.harness.timing import evict
+
+    on_cuda = getattr(compute, "mode", None) == "cuda"
+    decoders = list(DECODERS) + ([GPU] if on_cuda else []) if decoders is None else list(decoders)
+    unknown = [d for d in decoders if d not in (*DECODERS, GPU)]
+    if unknown:
+        raise BadArgument(f"decoders={unknown}: choose from {', '.join((*DECODERS, GPU))}")
+    if GPU in decoders and not on_cuda:
+        raise BadArgument(f"decoders={decoders}: {GPU!r} decodes on the GPU the model trains on; give a compute "
+                          "that trains on CUDA (TorchCompute on a GPU runtime), or leave it out")
+    if type(epochs) is not int or epochs < 1:
+        raise BadArgument(f"epochs={epochs!r}: give a whole number >= 1")
+    valid = functools.partial(_named, frozenset(names)) if names is not None else None
+    cache = Cache(Path(work) / "cache")
+    tf = augment(crop)
+    listed = CachedImageFolder(source, cache, transform=tf, is_valid_file=valid)
+    staged = stage(source, cache, listed.entries, progress=False)
+    say(f"{len(listed)} images ({listed.total_bytes / 1e6:.1f} MB) staged in {staged.seconds:.1f} s; "
+        f"{workers} workers, batch {batch_size}, {os.cpu_count()} CPUs")
+    blobs = [cache.read(source, listed.entry(i)) for i in random.Random(seed).sample(range(len(listed)), min(64, len(listed)))]
+    # One listing, a dataset per decoder; each one's cost on one core, timed before any worker process runs.
+    runs: dict[str, Any] = {}
+    cost_of: dict[str, Callable[[], float]] = {}
+    for name in decoders:
+        runs[name] = copy.copy(listed)
+        if name == GPU:  # the workers read bytes; DecodeOnDevice decodes and augments on the GPU
+            runs[name].loader, runs[name].transform = encoded, None
+            cost_of[name] = functools.partial(device_decode_ms, blobs, crop, str(compute.device))
+            continue
+        runs[name].loader = DECODERS[name]
+        cost_of[name] = functools.partial(decode_ms, blobs, DECODERS[name], tf)
+    if decode_once:
+        name = f"decode-once@{decode_once}"
+        runs[name] = copy.copy(listed)
+        runs[name].decoded = DecodedImages(source, cache, decode_once)
+        decoded = [decode_image(data, decode_once) for data in blobs]
+        cost_of[name] = functools.partial(decode_ms, decoded, pixels, tf)
+    ms_per_image = interleaved_costs(cost_of, COST_ROUNDS, seed)
+    who = compute.profile.name if hasattr(compute, "profile") else repr(compute)
+    rows: list[dict[str, Any]] = []
+    for name, ds in runs.items():
+        states: list[str] = []
+
+        def drop_page_cache(epoch: int, ds: Any = ds) -> None:
+            if ds.decoded is not None and epoch == 1:
+                states.append("decoding into the cache")
+                return
+            files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if ds.decoded is not None else
+                     [cache.path(source, e) for e in ds.entries])
+            dropped = evict(files).cache_state == "cold_verified"
+            states.append(f"cache warm, page cache {'dropped' if dropped else 'not fully dropped'}")
+
+        sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
+        loader: Any = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                                 persistent_workers=workers > 0, collate_fn=collate_encoded if name == GPU else None,
+                                 pin_memory=on_cuda and torch.cuda.is_available())
+        if name == GPU:
+            loader = DecodeOnDevice(loader, crop, str(compute.device))
+        for report in feed(loader, compute, epochs=epochs, before_epoch=drop_page_cache):
+            rows.append({"decoder": name, "epoch": report.epoch, "samples_per_s": report.samples_per_s, "au": report.au,
+                         "steady_au": report.steady_au,
+                         "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,
+                         "cache_state": states[report.epoch - 1], "decode_ms_per_sample": ms_per_image[name],
+                         "workers": workers, "cpus": os.cpu_count(), "compute": who})
+            say(f"  {name:22} epoch {report.epoch}: {report.samples_per_s:6.0f} samples/s, AU {report.au:4.0%}, "
+                f"waiting {report.wait_s / report.wall_s:4.0%} ({states[report.epoch - 1]})")
+        del loader
+        gc.collect()  # its workers go now, not while the next decoder runs
+    return rows
+
+
+def decoder_gains(rows: Sequence[dict[str, Any]], baseline: str = "pil") -> dict[str, tuple[float, float, float]]:
+    """Each decoder's samples/s after epoch 1 over ``baseline``'s, as (ratio of medians, 95% CI low, high):
+    what each fix buys, and whether the run can tell it from nothing (a CI that straddles 1 cannot)."""
+    from dataferry.harness.stats import speedup
+
+    later: dict[str, list[float]] = {}
+    for r in rows:
+        if r["epoch"] > 1:
+            later.setdefault(r["decoder"], []).append(r["samples_per_s"])
+    if baseline not in later:
+        raise BadArgument(f"no epoch after the first of {baseline!r} in these rows: run epochs >= 2 with it")
+    return {d: speedup(v, later[baseline]) for d, v in later.items()}

@@ -14,7 +14,7 @@ from typing import Any
 
 from dataferry.course.lab.core import Lab
 from dataferry.course.lab.profiles import PROFILES
-from dataferry.course.shardepochs import plot_shard_epochs, shard_epochs, summarize
+from dataferry.course.lab.shardepochs import plot_shard_epochs, shard_epochs, summarize
 
 KiB, MiB = 1 << 10, 1 << 20
 

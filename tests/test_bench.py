@@ -291,7 +291,7 @@ def test_the_shard_comparison_summarises_every_repeat_not_the_last():
     """Lesson 09 runs the side-by-side comparison REPEATS times: epoch 1's rate is the median over the repeats,
     later epochs' over every later epoch of every repeat, and the figure draws each repeat."""
     pytest.importorskip("matplotlib")
-    from dataferry.course.shardepochs import plot_shard_epochs, summarize
+    from dataferry.course.lab.shardepochs import plot_shard_epochs, summarize
 
     def epoch(repeat, n, seconds, served=100):
         return {"repeat": repeat, "epoch": n, "samples": 100, "seconds": seconds, "bytes": 1000, "served_bytes": served,

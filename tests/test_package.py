@@ -243,8 +243,12 @@ def test_no_modules_import_each_other_in_a_circle():
 
 def test_what_pip_installs_holds_no_benchmark_and_nothing_that_imports_pytest(tmp_path):
     """The benchmarks against peers stay in the repository's benchmarks/; test fixtures stay with the tests."""
+    import shutil
+
+    # A copy without the build/ folder an earlier install leaves behind (setuptools would ship its stale files).
+    helpers = shutil.copytree(ROOT / "helpers", tmp_path / "helpers", ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(tmp_path / "t"), str(ROOT / "helpers")], check=True, timeout=600)
+                    "--target", str(tmp_path / "t"), str(helpers)], check=True, timeout=600)
     installed = sorted((tmp_path / "t" / "dataferry").rglob("*.py"))
     assert len(installed) == len(list(PACKAGE.rglob("*.py"))) > 50
     offenders = [f"{py.relative_to(tmp_path / 't')}:{line} imports {name}" for py in installed

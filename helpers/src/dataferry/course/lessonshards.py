@@ -129,13 +129,13 @@ def compare_readers(files: ShardFiles, budget: int, *, epochs: int, repeats: int
                     seed: int, workers: int = 2) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]] | None:
     """Lab only (None, said, elsewhere): the same samples as shards, as files through the cache, and as shards
     through webdataset's cache (where installed), each run in a fresh process with an empty cache of
-    ``budget``: every epoch of every run, and their summary (:func:`dataferry.course.shardepochs.summarize`)."""
+    ``budget``: every epoch of every run, and their summary (:func:`dataferry.course.lab.shardepochs.summarize`)."""
     import importlib.util
 
     if files.lab is None:
         print("This comparison runs in the offline lab, off Colab (`make bench-shards` in a clone of the repository): skipped here.")
         return None
-    from dataferry.course.shardepochs import METHODS, shard_epochs, summarize
+    from dataferry.course.lab.shardepochs import METHODS, shard_epochs, summarize
 
     methods = [m for m in METHODS if m != "webdataset-cache" or importlib.util.find_spec("webdataset")]
     with files.network(), tempfile.TemporaryDirectory(prefix="compare-") as work:

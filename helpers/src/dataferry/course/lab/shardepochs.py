@@ -8,7 +8,7 @@ bytes of cached data on disk (sampled every 20 ms). Before each later epoch the 
 page cache, so a hit is a disk read. Figures are ``lab:<profile>`` numbers; lesson 09 runs it, and ``make bench-shards`` (``benchmarks/shards.py``)
 at a benchmark's size.
 
-The child side (``python -m dataferry.course.shardepochs``) reads its settings as JSON on stdin and prints one JSON line.
+The child side (``python -m dataferry.course.lab.shardepochs``) reads its settings as JSON on stdin and prints one JSON line.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataferry.cache.layout import Layout
 from dataferry.harness.folders import sample_every
 from dataferry.course.lab.core import Lab
 
-__all__ = ["METHODS", "shard_epochs", "summarize", "plot_shard_epochs", "bench_shards"]
+__all__ = ["METHODS", "shard_epochs", "summarize", "plot_shard_epochs"]
 
 KiB, MiB = 1 << 10, 1 << 20
 METHODS = ("dataferry-shards", "dataferry-files", "webdataset-cache")
@@ -171,7 +171,7 @@ def _one_run(lab: Lab, method: str, work: Path, bucket: str, files: str, shards:
               "sizes": sizes, "work": str(where), "budget": budget, "epochs": epochs, "workers": workers,
               "batch": batch, "shuffle": shuffle, "seed": seed, "endpoint": lab.endpoint,
               "lab_state": str(lab.state_dir)}
-    proc = subprocess.run([sys.executable, "-m", "dataferry.course.shardepochs"], input=json.dumps(config),
+    proc = subprocess.run([sys.executable, "-m", "dataferry.course.lab.shardepochs"], input=json.dumps(config),
                           env={**os.environ, **lab.env()}, capture_output=True, text=True, timeout=3600)
     shutil.rmtree(where, ignore_errors=True)
     if proc.returncode != 0:

@@ -27,8 +27,8 @@ from dataferry.course.lab.core import Lab
 from benchmarks.peers import DATAFERRY, DISK, PEERS, first_epochs, ratios
 from dataferry.course.lab.profiles import PROFILES
 from dataferry.sources import GCSSource
-from dataferry.stage import BUCKET_IN_FLIGHT, stage
-from dataferry.harness.timing import evict
+from dataferry.staging import BUCKET_IN_FLIGHT, stage
+from dataferry.harness.pagecache import evict
 
 __all__ = ["bench_cache"]
 

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dataferry.harness.timing import drop_caches
+from dataferry.harness.pagecache import drop_caches
 
 __all__ = ["PEERS", "DATAFERRY", "DISK", "WIDTH", "first_epochs", "per_round", "ratios"]
 

@@ -155,7 +155,7 @@ def _open_files_up_to_the_hard_limit() -> None:
 
 
 def _drop_page_cache(folder: Path) -> None:
-    from dataferry.harness.timing import evict
+    from dataferry.harness.pagecache import evict
 
     evict([str(p) for p in folder.rglob("*") if p.is_file()])
 

@@ -8,7 +8,7 @@ import pytest
 pd = pytest.importorskip("pandas")
 
 from dataferry.course.analysis import Findings, exact_size_label, label_epochs, pool  # noqa: E402
-from dataferry.harness.timing import COLUMNS  # noqa: E402
+from dataferry.harness.results import COLUMNS  # noqa: E402
 
 
 def _rows(run, lesson_files, region, method, first, repeat, size=1 << 20, runtime="local-cpu"):

@@ -11,7 +11,7 @@ import pytest
 
 from dataferry.harness.bench import LAB_METHODS, PARALLEL_WORKERS
 from dataferry.course.lab import plan_dataset
-from dataferry.harness.timing import load_results
+from dataferry.harness.results import load_results
 
 FIGURES = {"first_vs_repeat", "by_region", "by_runtime", "per_epoch"}
 

@@ -142,3 +142,42 @@ def test_every_bad_command_line_is_one_line_a_failing_status_and_changes_nothing
             failed.append(f"{argv}: {'; '.join(problems)}")
             before = _tree(tmp_path)
     assert not failed, f"{len(failed)} bad command lines misbehaved:\n" + "\n".join(failed)
+
+
+def test_an_option_left_out_is_left_to_the_experiments_own_default(tmp_path, monkeypatch):
+    """`dataferry bench` and `python -m benchmarks` pass on only the options given, by the experiment's names: a
+    default lives in one place, the function a notebook calls too."""
+    import benchmarks.cache
+    import benchmarks.train
+    import dataferry.course.lab.methodsbench
+    import dataferry.harness.bench
+    import dataferry.harness.utilisation
+
+    calls = []
+    for module, name in ((dataferry.harness.bench, "bench_source"), (dataferry.course.lab.methodsbench, "bench_lab"),
+                         (dataferry.course.lab.methodsbench, "bench_au_lab"), (dataferry.harness.utilisation, "bench_au"),
+                         (benchmarks.cache, "bench_cache"), (benchmarks.train, "bench_train")):
+        monkeypatch.setattr(module, name, lambda *args, _name=name, **kwargs: calls.append((_name, args, kwargs)))
+    folder = str(tmp_path)
+    for argv, call in (
+            (["bench", folder], ("bench_source", (folder,), {})),
+            (["bench", folder, "--files", "3", "--json", f"{folder}/s.json"],
+             ("bench_source", (folder,), {"max_files": 3, "json_path": f"{folder}/s.json"})),
+            (["bench", "--lab"], ("bench_lab", (), {})),
+            (["bench", "--lab", "--file-kib", "4", "--profiles", "colocated", "--passes", "3"],
+             ("bench_lab", (), {"file_bytes": 4096, "profiles": ["colocated"], "passes": 3})),
+            (["bench", "--lab", "--au", "resnet50-v100-amp", "--passes", "3"],
+             ("bench_au_lab", (["resnet50-v100-amp"],), {"epochs": 3})),
+            (["bench", folder, "--au", "resnet50-v100-amp", "--workers", "2"],
+             ("bench_au", (["resnet50-v100-amp"], folder), {"workers": 2}))):
+        calls.clear()
+        assert main(argv) == 0, argv
+        assert calls == [call], argv
+    for argv, call in ((["cache"], ("bench_cache", (), {})),
+                       (["cache", "--large-mib", "2", "--peer-profiles", "colocated"],
+                        ("bench_cache", (), {"large_bytes": 2 << 20, "peer_profiles": ["colocated"]})),
+                       (["train", "--compute", "resnet50-v100-amp", "--profile", "colocated"],
+                        ("bench_train", (), {"profile": "resnet50-v100-amp", "region": "colocated"}))):
+        calls.clear()
+        assert bench_main(argv) == 0, argv
+        assert calls == [call], argv

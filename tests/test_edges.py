@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from dataferry import Cache, GCSSource, LocalSource, stage
+from dataferry.cache.requests import Flush, Reserve, Stop, Touch
+from dataferry.cache.store import Row
 from dataferry.sources import ChangedAtSource, Entry, from_uri
 
 CHUNK = 1 << 20
@@ -425,7 +427,7 @@ def test_clear_removes_only_what_it_cleared(tmp_path):
     from dataferry.cache.sides import run_here
 
     now = time.time()
-    row = (key, source.uri, entry.name, entry.version, entry.size, os.getpid(), now, now)
+    row = Row(key, source.uri, entry.name, entry.version, entry.size, None, os.getpid(), now, now)
     assert run_here(cache._fills.on_thread.reserve(row)) is None  # a fill in progress (another process's, say)
     Path(cache._layout.object_path(key)).write_bytes(bytes([0]) * 10_000)  # renamed into place, not yet ready
     cache.clear()
@@ -466,26 +468,26 @@ async def ask_on_the_loop(writer):
     import asyncio
 
     answer = asyncio.get_running_loop().create_future()
-    writer.ask("reserve", ("row",), answer)
+    writer.ask(Reserve(("row",)), answer)
     return await answer
 
 
 def test_a_failed_index_batch_loses_no_unrelated_update_and_a_dead_writer_is_an_error(tmp_path):
     source, cache = _filled(tmp_path, n=3)
     writer = cache._index.writer
-    writer._put("touch", None)  # one bad item (a None where uses belong) in the next batch
+    writer._put(Touch(None))  # one bad item (a None where uses belong) in the next batch
     (tmp_path / "src" / "new.bin").write_bytes(b"n" * 100)
     cache.read(source, "new.bin")
     cache._index.flush()
     states = dict(cache._index.db().execute("SELECT name, state FROM entries").fetchall())
     assert states["new.bin"] == "ready", "an unrelated fill was marked ready despite the bad item"
-    writer._put("stop", None)  # the writer thread ends (as if it had crashed)
+    writer._put(Stop())  # the writer thread ends (as if it had crashed)
     writer._thread.join(5)
     assert not writer._thread.is_alive()
     from concurrent.futures import Future
 
     queued = Future()
-    writer._put("flush", None, queued)  # a request the dead writer will never answer
+    writer._put(Flush(), queued)  # a request the dead writer will never answer
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="index writer .* stopped"):
         writer._wait(queued)

@@ -377,9 +377,10 @@ def test_a_reader_filling_an_uncapped_cache_asks_the_index_once_per_lease_and_ne
     syncfs, real_syncfs = [], index_module.syncfs
     monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
     monkeypatch.setattr(index_module, "syncfs", lambda folder: (syncfs.append(folder), real_syncfs(folder))[1])
+    from dataferry.cache.requests import Reserve
     monkeypatch.setattr(index_module.IndexWriter, "ask",
-                        lambda self, kind, args, answer: (reserves.append(args) if kind == "reserve" else None,
-                                                          real_ask(self, kind, args, answer))[1])
+                        lambda self, request, answer: (reserves.append(request) if isinstance(request, Reserve) else None,
+                                                       real_ask(self, request, answer))[1])
     for e in source.list():
         assert cache.read(source, e) == files[e.name]
     assert fsyncs == [], f"{len(fsyncs)} fsyncs for {len(files)} fills"
@@ -419,12 +420,13 @@ def test_the_index_writer_waits_for_more_fills_only_while_no_one_waits_on_it():
     from concurrent.futures import Future
 
     from dataferry.cache.index import _unhurried
-    placed, touch = ("placed", (), None, None), ("touch", {}, None, None)
+    from dataferry.cache.requests import Flush, Placed, Queued, Ready, Reserve, Stop, Touch
+    placed, touch = Queued(Placed(None, "", "", None), None, None), Queued(Touch({}), None, None)
     assert _unhurried([placed, touch])
     assert not _unhurried([touch])
     assert _unhurried([touch], placed=False)
-    for other in [("reserve", (), Future(), None), ("flush", None, Future(), None), ("stop", None, None, None),
-                  ("ready", (), None, None)]:
+    for other in [Queued(Reserve(None), Future(), None), Queued(Flush(), Future(), None), Queued(Stop(), None, None),
+                  Queued(Ready("", 0.0, ""), None, None)]:
         assert not _unhurried([placed, other]), other[0]
 
 

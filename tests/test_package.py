@@ -158,7 +158,7 @@ def test_the_public_data_sets_are_read_from_the_shipped_manifests():
 
 #: The library a training script imports: every module at the top of the package is one of these, or one of the
 #: two blocks above it (``harness``, ``course``).
-LIBRARY = {"__init__", "errors", "host", "progress", "aio", "gcs_media", "sources", "mounts", "cache", "stage", "dataset",
+LIBRARY = {"__init__", "errors", "host", "progress", "aio", "gcs_media", "sources", "mounts", "cache", "staging", "dataset",
            "decode", "crops", "shards", "checkpoints"}
 BLOCKS = {"library": 0, "harness": 1, "course": 2}
 PACKAGE = ROOT / "helpers" / "src" / "dataferry"
@@ -256,3 +256,37 @@ def test_what_pip_installs_holds_no_benchmark_and_nothing_that_imports_pytest(tm
     assert not offenders, offenders
     assert not (tmp_path / "t" / "benchmarks").exists()
     assert not {py.stem for py in installed} & {"cachebench", "trainbench", "shardbench", "peers", "feedpeers", "fixtures"}
+
+
+def test_an_old_import_path_reads_through_to_the_moved_module_with_a_warning():
+    """Lessons and notebooks of the last release import ``dataferry.timing``, ``dataferry.lab``, ...: they keep
+    working for one release, and say where the module went."""
+    code = """if True:
+        import warnings
+        warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as seen:
+            from dataferry.timing import evict, load_results, timed_read
+            from dataferry.lab.profiles import PROFILES
+            import dataferry.plots.figures
+        from dataferry.harness import pagecache, results, timing
+        from dataferry.course.lab import profiles
+        assert (evict, load_results, timed_read) == (pagecache.evict, results.load_results, timing.timed_read)
+        assert PROFILES is profiles.PROFILES
+        said = [str(w.message) for w in seen if w.category is FutureWarning]
+        assert any("dataferry.lab.profiles moved to dataferry.course.lab.profiles" in s for s in said), said
+        assert any(s.startswith("dataferry.timing moved to dataferry.harness.timing") for s in said), said
+        import dataferry
+        from dataferry.stage import Prefetcher
+        import dataferry.staging
+        assert Prefetcher is dataferry.staging.Prefetcher
+        dataferry.staging.stage = lambda *args: args
+        assert dataferry.stage(1, 2) == (1, 2), "dataferry.stage is still the function"
+        try:
+            import dataferry.nothing_here
+        except ImportError:
+            pass
+        else:
+            raise AssertionError("an unknown module imported")
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -24,7 +24,7 @@ from dataferry.harness.plots import (  # noqa: E402
     save,
     standard_figures,
 )
-from dataferry.harness.timing import COLUMNS  # noqa: E402
+from dataferry.harness.results import COLUMNS  # noqa: E402
 
 METHODS = ("local", "gcsfuse", "api-serial")
 REGIONS = ("lab:cross-continent", "us-central1")

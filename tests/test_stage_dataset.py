@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from dataferry import Cache, CachedDataset, GCSSource, LocalSource, Prefetcher, stage
 from dataferry.course.lab import Profile, plan_dataset
-from dataferry.stage import shard_of
+from dataferry.staging import shard_of
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -44,7 +44,7 @@ def test_a_bucket_width_says_downloads_in_flight_and_workers_below_the_default_i
     import warnings
 
     from dataferry.errors import BadArgument
-    from dataferry.stage import BUCKET_IN_FLIGHT
+    from dataferry.staging import BUCKET_IN_FLIGHT
 
     ds, source = dataset
     with pytest.warns(UserWarning, match=rf"workers=32\) caps .* at 32 downloads in flight.*default is {BUCKET_IN_FLIGHT}.*in_flight=32"):
@@ -169,7 +169,7 @@ def test_prefetcher_keeps_width_fills_going_past_a_slow_one_while_the_reader_wai
 def test_the_prefetcher_reads_a_folder_32_at_once_as_documented(tmp_path):
     """A Drive or gcsfuse folder is latency-bound: the prefetcher's default width for a folder source is
     ``DEFAULT_WORKERS`` (32) fills at once, and that many really run (a pool of 8 threads once capped it)."""
-    from dataferry.stage import DEFAULT_WORKERS
+    from dataferry.staging import DEFAULT_WORKERS
 
     source, order, cache = _gated_folder(tmp_path, 64, slow="none")
     source.pause = 0.1  # a folder 100 ms away, as a mounted Drive is

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from dataferry.harness.timing import (COLUMNS, SCHEMA_VERSION, Results, evict, load_results, residency_state,
-                              resident_fraction, time_h2d, timed_read)
+from dataferry.harness.pagecache import evict, residency_state, resident_fraction
+from dataferry.harness.results import COLUMNS, SCHEMA_VERSION, Results, load_results
+from dataferry.harness.timing import time_h2d, timed_read
 
 
 @pytest.fixture
@@ -87,7 +88,7 @@ def test_results_round_trip(tmp_path):
 def test_an_interrupted_run_keeps_its_rows(tmp_path):
     code = (
         "import os, signal, sys\n"
-        "from dataferry.harness.timing import Results\n"
+        "from dataferry.harness.results import Results\n"
         "r = Results(sys.argv[1])\n"
         "for i in range(7):\n"
         "    r.add(method='m', phase='read', bytes=1, ns=1, file=str(i))\n"

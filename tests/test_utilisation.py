@@ -7,7 +7,7 @@ pytest.importorskip("torch")
 from dataferry.course.lab.methodsbench import lab_target  # noqa: E402
 from dataferry.harness.feed import ComputeProfile  # noqa: E402
 from dataferry.harness.runtime import detect_region  # noqa: E402
-from dataferry.harness.timing import Results, load_results  # noqa: E402
+from dataferry.harness.results import Results, load_results  # noqa: E402
 from dataferry.harness.utilisation import AU_METHODS, au_table, compare_au  # noqa: E402
 
 

@@ -27,7 +27,7 @@ Three blocks, each importing only those before it:
   root, ``DataferryError``), ``host`` (is a process alive, is this Colab, what is mounted where), ``progress``
   (progress bars), ``aio`` (the process's download loop), ``gcs_media`` (GCS media downloads over aiohttp),
   ``sources`` (where bytes live), ``mounts`` (gcsfuse, Drive and the Colab helpers), ``cache`` (the local
-  cache: a package, ``Cache`` its face), ``stage`` (parallel staging, prefetch), ``dataset`` and ``decode``
+  cache: a package, ``Cache`` its face), ``staging`` (``stage``: parallel staging; prefetch), ``dataset`` and ``decode``
   (PyTorch), ``shards`` (tar shards streamed through the cache under its budget, and making them),
   ``checkpoints`` (checkpoints that survive a disconnect);
 - **the harness** (``dataferry.harness``): honest timings, tidy results and the standard figures;
@@ -46,7 +46,10 @@ import importlib.util
 import sys
 import warnings
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # names imported lazily (below), for type checkers
+    from dataferry.staging import stage  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -55,17 +58,13 @@ _EXPORTS = {
     "GCSSource": "dataferry.sources", "SourceError": "dataferry.sources",
     "Cache": "dataferry.cache", "CacheStats": "dataferry.cache", "ChecksumError": "dataferry.cache",
     "CacheFullWarning": "dataferry.cache",
-    "Prefetcher": "dataferry.stage", "StageReport": "dataferry.stage",
+    "stage": "dataferry.staging", "Prefetcher": "dataferry.staging", "StageReport": "dataferry.staging",
     "CachedDataset": "dataferry.dataset", "CachedImageFolder": "dataferry.dataset", "ShardDataset": "dataferry.shards", "ShardLoader": "dataferry.shards",
     "make_shards": "dataferry.shards",
     "Checkpoints": "dataferry.checkpoints", "CheckpointError": "dataferry.checkpoints",
     "DataferryError": "dataferry.errors", "BadArgument": "dataferry.errors",
 }
-__all__ = ["__version__", "stage", *_EXPORTS]
-
-# Eager, because the function shares its name with its module: importing the module later would
-# otherwise leave ``dataferry.stage`` bound to the module instead of the function.
-from dataferry.stage import stage  # noqa: E402
+__all__ = ["__version__", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
@@ -74,24 +73,27 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dataferry' has no attribute {name!r}")
 
 
-#: Modules that moved into the harness and course blocks, by their old names (``dataferry.<old>``).
-_MOVED = {**{name: f"dataferry.harness.{name}" for name in
-             ("timing", "stats", "plots", "bench", "feed", "utilisation", "runtime", "folders")},
-          **{name: f"dataferry.course.{name}" for name in
+#: Modules that moved into the harness and course blocks, by their old names (``dataferry.<old>``); ``timing``
+#: was split by idea, and its old name reads through all three parts.
+_MOVED = {**{name: (f"dataferry.harness.{name}",) for name in
+             ("stats", "plots", "bench", "feed", "utilisation", "runtime", "folders")},
+          "timing": ("dataferry.harness.timing", "dataferry.harness.pagecache", "dataferry.harness.results"),
+          "stage": ("dataferry.staging",),
+          **{name: (f"dataferry.course.{name}",) for name in
              ("analysis", "shipped", "clientdemos", "disconnect", "cli", "findings", "lab", "lessonau", "lessondata",
               "lessondrive", "lessonfiles", "lessonlayouts", "lessonshards", "lessontraining")}}
 
 
 class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """``import dataferry.timing`` and the other old paths of :data:`_MOVED` keep working for one release: each
-    gives a module that reads through to the new one, with a FutureWarning (shown in a notebook, where a
+    gives a module that reads through to the new ones, with a FutureWarning (shown in a notebook, where a
     DeprecationWarning raised inside the import system would not be)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         parts = fullname.split(".")
         if len(parts) < 2 or parts[0] != "dataferry" or parts[1] not in _MOVED:
             return None
-        new = ".".join([_MOVED[parts[1]], *parts[2:]])
+        new = ", ".join(".".join([module, *parts[2:]]) for module in _MOVED[parts[1]])
         return importlib.util.spec_from_loader(fullname, self, origin=new)
 
     def create_module(self, spec: Any) -> None:
@@ -102,11 +104,28 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         assert new is not None
         warnings.warn(f"{module.__name__} moved to {new}: import it from there (the old path goes in the next "
                       "release)", FutureWarning, stacklevel=2)
-        real = importlib.import_module(new)
-        module.__dict__.update({k: v for k, v in vars(real).items() if not k.startswith("__")})
-        module.__getattr__ = lambda name: getattr(real, name)  # type: ignore[method-assign]
-        if hasattr(real, "__path__"):
+        real = [importlib.import_module(name) for name in new.split(", ")]
+        for part in reversed(real):
+            module.__dict__.update({k: v for k, v in vars(part).items() if not k.startswith("__")})
+
+        def read_through(name: str) -> Any:
+            for part in real:
+                if hasattr(part, name):
+                    return getattr(part, name)
+            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+
+        module.__getattr__ = read_through  # type: ignore[method-assign]
+        if module.__name__ == "dataferry.stage":  # importing it binds ``dataferry.stage`` to it: still the function
+            module.__class__ = _CallsStage
+        if hasattr(real[0], "__path__"):
             module.__path__ = []  # a package: its submodules come through here too
+
+
+class _CallsStage(ModuleType):
+    """The old module ``dataferry.stage``, which is also the name of the function :func:`dataferry.staging.stage`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return importlib.import_module("dataferry.staging").stage(*args, **kwargs)
 
 
 sys.meta_path.append(_OldPaths())

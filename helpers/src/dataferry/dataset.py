@@ -24,7 +24,7 @@ from dataferry.cache.transport import Sink, fetch_whole
 from dataferry.decode import DecodedImages, image_errors, pil_loader, pixels
 from dataferry.sources import (DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, EntryTable, NotFoundAtSource,
                                Source, reads_wait_on_network, top_folders, where)
-from dataferry.stage import Prefetcher
+from dataferry.staging import Prefetcher
 
 __all__ = ["CachedDataset", "CachedImageFolder", "PrefetchingSampler", "SourceDataset", "IMG_EXTENSIONS", "pil_loader"]
 

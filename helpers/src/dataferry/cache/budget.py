@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from dataferry.cache import entries
 from dataferry.cache.counters import Counters
 from dataferry.cache.errors import disk_full
 from dataferry.cache.layout import Layout
-from dataferry.cache.store import is_lease, leased, reclaim_dead_fills
+from dataferry.cache.entries import Doomed, lru
+from dataferry.cache.store import Row
 from dataferry.sources import Entry
 
 __all__ = ["Budget", "Refusal", "lru", "DEFAULT_MIN_FREE_BYTES", "ROOM_WAIT_S"]
@@ -26,7 +28,6 @@ __all__ = ["Budget", "Refusal", "lru", "DEFAULT_MIN_FREE_BYTES", "ROOM_WAIT_S"]
 DEFAULT_MIN_FREE_BYTES = 1 << 30  # leave 1 GiB free on the cache's disk
 ROOM_WAIT_S = 10.0  # how long a fill waits for room held by readers or fills in flight
 
-Doomed = list[tuple[str, int]]  # files to unlink once the transaction that dropped their rows commits
 
 
 @dataclass(frozen=True)
@@ -35,28 +36,6 @@ class Refusal:
 
     why: str
     transient: bool = False
-
-
-def lru(db: sqlite3.Connection, batch: int = 256) -> Iterator[tuple[str, int]]:
-    """Ready entries, least recently used first (demoted ones before all others), in batches."""
-    last = float("-inf")
-    while True:
-        rows = db.execute("SELECT key, size, last_used FROM entries WHERE state = 'ready' AND last_used >= ? "
-                          "ORDER BY last_used LIMIT ?", (last, batch)).fetchall()
-        if not rows:
-            return
-        for key, size, _ in rows:
-            yield key, size
-        if len(rows) < batch:
-            return
-        last = rows[-1][2]
-
-
-def _used(db: sqlite3.Connection) -> tuple[int, int]:
-    """(bytes of entries and fills in progress, bytes yet to be written): a lease is room yet to be written
-    on the disk, but no entry under a cap."""
-    used, filling = db.execute("SELECT bytes, filling_bytes FROM usage").fetchone()
-    return used - leased(db)[1], filling
 
 
 class Budget:
@@ -97,19 +76,19 @@ class Budget:
             raise e
         return Refusal(f"the cache's disk is full: its index could not grow ({self.free()})")
 
-    def decide(self, db: sqlite3.Connection, wants: list[tuple[tuple, Any]], doomed: Doomed) -> list[tuple[Any, Any]]:
+    def decide(self, db: sqlite3.Connection, wants: list[tuple[Row, Any]], doomed: Doomed) -> list[tuple[Any, Any]]:
         """Inside the index writer's transaction: accept or refuse each reservation (a row and the
         future that waits for its answer), evicting LRU entries (and reclaiming dead fills) for room;
         a refusal says which limit applied."""
         answers: list[tuple[Any, Any]] = []
-        used, filling = _used(db)
+        used, filling = entries.used(db)
         free = shutil.disk_usage(self.layout.root).free - filling
         victims = None
         reclaimed = False
         held = 0  # entries that could not be evicted because a reader holds them
-        accepted = []
+        accepted: list[Row] = []
         for row, fut in wants:
-            size = row[4]
+            size = row.size
 
             def over_budget() -> int:
                 return used + size - self.max_bytes if self.max_bytes is not None else 0
@@ -119,8 +98,8 @@ class Budget:
 
             if short() and not reclaimed:  # room held by fillers that died is room
                 reclaimed = True
-                if reclaim_dead_fills(db, self.layout, doomed):
-                    used, filling = _used(db)
+                if entries.reclaim_dead_fills(db, self.layout, doomed):
+                    used, filling = entries.used(db)
                     free = shutil.disk_usage(self.layout.root).free - filling
             if short():
                 victims = victims or lru(db)
@@ -143,11 +122,7 @@ class Budget:
             used, free = used + size, free - size
             accepted.append(row)
             answers.append((fut, None))
-        db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?)",
-                       [row for row in accepted if not is_lease(row[0])])
-        db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?, NULL, 'filling', ?, ?, ?) "
-                       "ON CONFLICT (key) DO UPDATE SET size = size + excluded.size",  # a lease grows
-                       [row for row in accepted if is_lease(row[0])])
+        entries.reserve(db, accepted)
         return answers
 
     def evict(self, db: sqlite3.Connection, key: str, doomed: Doomed) -> bool:
@@ -155,12 +130,12 @@ class Budget:
         file goes on ``doomed``, to be unlinked by :func:`~dataferry.cache.store.release` once the
         transaction commits."""
         path = self.layout.object_path(key)
-        if not db.execute("SELECT 1 FROM entries WHERE key = ? AND state = 'ready'", (key,)).fetchone():
+        if not entries.is_ready(db, key):
             return False  # already gone (the batch is a snapshot)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            entries.delete(db, key)
             return True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -168,7 +143,7 @@ class Budget:
             os.close(fd)
             return False
         doomed.append((path, fd))
-        db.execute("DELETE FROM entries WHERE key = ?", (key,))
+        entries.delete(db, key)
         self.counters.add(evictions=1)
         return True
 
@@ -176,7 +151,7 @@ class Budget:
         """Inside a write transaction: evict LRU entries no reader holds until at most ``limit`` bytes are
         cached. Returns how many were evicted."""
         evicted = 0
-        used = db.execute("SELECT bytes FROM usage").fetchone()[0] - leased(db)[1]
+        used = entries.cached_bytes(db)
         for victim, size in lru(db):
             if used <= limit:
                 break

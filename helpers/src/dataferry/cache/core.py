@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import io
 import math
 import os
 import shutil
-import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -135,7 +133,6 @@ class Cache:
         fsspec does): a lock some parent thread held at the fork would otherwise stay held in the child."""
         renew_after_fork(self)
         self._layout = Layout(self.root)
-        self._local = threading.local()
         self._counters = Counters()
         self._locks = FillLocks(self._layout.fill_lock)
         self._index = Index(self._layout, Budget(self._layout, self.max_bytes, self.min_free_bytes, self._counters))
@@ -214,13 +211,15 @@ class Cache:
             return action(source, source.stat(item))
 
     def _read(self, source: Source, entry: Entry, key: str,
-              expect: Callable[[], str | None]) -> tuple[bytes, bool, str | None]:
+              expect: Callable[[str | None], str | None]) -> tuple[bytes, bool, str | None]:
         """The cached copy's bytes, filled first on a miss; a copy of the wrong size is dropped and filled
         again. With whether they came straight from the source (too big for the budget), checked as they came,
-        and ``expect()``, asked once the copy is open and before it is read (a copy this read filled needs no
+        and ``expect(crc)``, asked once the copy is open and before it is read, with the CRC32C this read's fill
+        computed, if it filled the copy (a copy this read filled needs no
         query of the index for it)."""
         path = self._layout.object_path(key)
         hit = True
+        filled_crc = None  # what a verified read checks a copy this read filled against
         for _ in range(self.max_refetches + 3):
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -229,12 +228,11 @@ class Cache:
                 filled = self._fills.fill_now(source, entry)
                 if filled.fetched < 0:
                     return self._stream(source, entry, filled.refusal), True, None  # checked as it streamed
-                if filled.crc32c:
-                    self._local.filled = (key, filled.crc32c)  # what a verified read checks the copy against
+                filled_crc = filled.crc32c or None
                 continue
             # No lock needed: eviction only unlinks, and an open descriptor still reads every byte.
             try:
-                expected = expect()
+                expected, filled_crc = expect(filled_crc), None
                 data = _read_all(fd, entry.size)
             finally:
                 os.close(fd)
@@ -254,16 +252,14 @@ class Cache:
                       f"{self}: {refusal}; reading it straight from the source", CacheFullWarning, stacklevel=6)
         return self._fills.stream_now(source, entry)
 
-    def _known_crc(self, entry: Entry, key: str, wait: bool = True) -> str | None:
+    def _known_crc(self, entry: Entry, key: str, filled: str | None, wait: bool = True) -> str | None:
         """What a copy of ``entry`` must check against, as known now: the source's CRC32C, else the one its fill
-        computed (this thread's, just now; or the index's). Asked before the copy is read, while its row is there
-        (an eviction right after the read would take the row, not the bytes read)."""
-        filled = getattr(self._local, "filled", None)
-        self._local.filled = None
+        computed (``filled``: the caller's fill, just now; else the index's). Asked before the copy is read, while
+        its row is there (an eviction right after the read would take the row, not the bytes read)."""
         if entry.crc32c:
             return entry.crc32c
-        if filled and filled[0] == key:
-            return str(filled[1])
+        if filled:
+            return filled
         return self._index.stored_crc(key, wait)
 
     def _settled_crc(self, key: str) -> str | None:
@@ -278,10 +274,11 @@ class Cache:
         key = self.key(source, entry)
         mismatches = unvouched = 0
         while mismatches <= self.max_refetches:
-            data, streamed, expected = self._read(source, entry, key, functools.partial(self._known_crc, entry, key, False))
+            data, streamed, expected = self._read(source, entry, key,
+                                                  lambda filled: self._known_crc(entry, key, filled, wait=False))
             if streamed:
                 return data
-            expected = expected or self._known_crc(entry, key) or self._settled_crc(key)  # filled by this read
+            expected = expected or self._known_crc(entry, key, None) or self._settled_crc(key)  # filled by this read
             if expected is not None and b64(google_crc32c.value(data)) == expected:
                 return data
             if expected is None:  # another process evicted the copy and its row after we read it: nothing to
@@ -301,11 +298,12 @@ class Cache:
                              f"than were written and checked ({self.max_refetches + 1} times): the local disk under "
                              f"{self.root} is failing; use a cache folder on another disk")
 
-    def _file_checks_out(self, f: BinaryIO, entry: Entry, key: str) -> bool:
-        """Whether the open cached copy ``f`` holds ``entry``'s bytes (size and CRC32C); left at its start."""
+    def _file_checks_out(self, f: BinaryIO, entry: Entry, key: str, filled: str | None) -> bool:
+        """Whether the open cached copy ``f`` holds ``entry``'s bytes (size and CRC32C; ``filled``: the CRC32C of
+        the caller's fill of it, if it just filled it); left at its start."""
         n, crc = stream_crc(f)
         f.seek(0)
-        expected = self._known_crc(entry, key) or self._settled_crc(key)  # the file is held open: its row stays
+        expected = self._known_crc(entry, key, filled) or self._settled_crc(key)  # the file is held open: its row stays
         return n == entry.size and expected is not None and crc == expected
 
     def open(self, source: Source, item: Entry | str) -> BinaryIO:
@@ -313,7 +311,8 @@ class Cache:
         :meth:`read`), and kept from eviction until it is closed."""
         return self._by_name(source, item, self._open)
 
-    def _open(self, source: Source, entry: Entry) -> BinaryIO:
+    def _open(self, source: Source, entry: Entry, filled_crc: str | None = None) -> BinaryIO:
+        """``entry``'s copy, open and checked (``filled_crc``: the CRC32C of the caller's fill of it, just now)."""
         key = self.key(source, entry)
         path = self._layout.object_path(key)
         hit, damaged_copies = True, 0
@@ -325,14 +324,14 @@ class Cache:
                 filled = self._fills.fill_now(source, entry)
                 if filled.fetched < 0:
                     return io.BytesIO(self._stream(source, entry, filled.refusal))
-                if filled.crc32c:
-                    self._local.filled = (key, filled.crc32c)
+                filled_crc = filled.crc32c or None
                 continue
             fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # eviction skips entries with a reader
             if os.fstat(f.fileno()).st_nlink == 0:  # evicted between open and lock: fill again
                 f.close()
                 continue
-            if not self._file_checks_out(f, entry, key):
+            checks_out, filled_crc = self._file_checks_out(f, entry, key, filled_crc), None
+            if not checks_out:
                 f.close()
                 damaged_copies += 1
                 if damaged_copies > self.max_refetches + 1:
@@ -353,9 +352,7 @@ class Cache:
     def _path(self, source: Source, entry: Entry) -> Path:
         filled = self._fills.fill_now(source, entry)
         if filled.fetched >= 0:
-            if filled.crc32c:
-                self._local.filled = (self.key(source, entry), filled.crc32c)
-            with self._open(source, entry) as f:  # checked; filled again if damaged
+            with self._open(source, entry, filled.crc32c or None) as f:  # checked; filled again if damaged
                 if not isinstance(f, io.BytesIO):  # not streamed (evicted meanwhile, and then found no room)
                     return Path(self._layout.object_path(self.key(source, entry)))
         raise CacheFolderError(errno.EFBIG, f"{where(source, printable(entry.name))} ({entry.size} bytes) does not "

@@ -36,6 +36,7 @@ from dataferry.cache.index import Index
 from dataferry.cache.layout import key, printable
 from dataferry.cache.locks import FillLocks
 from dataferry.cache.sides import OnLoop, OnThread, Side, run_here
+from dataferry.cache.store import Row
 from dataferry.cache.transport import Sink
 from dataferry.sources import Entry, Source, where
 
@@ -134,10 +135,10 @@ class FillEngine:
         self.count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
         return Filled(entry.name, entry.size, entry.size, entry=entry, crc32c=crc)
 
-    def _row(self, source: Source, entry: Entry, k: str, crc: str) -> tuple:
-        """A leased fill's entry, ready, as the index writer records it."""
+    def _row(self, source: Source, entry: Entry, k: str, crc: str | None) -> Row:
+        """The fill's entry: without a CRC32C, as its reservation; with one, ready, as a leased fill is recorded."""
         now = time.time()
-        return (k, source.uri, printable(entry.name), entry.version, entry.size, crc, self.pid, now, now)
+        return Row(k, source.uri, printable(entry.name), entry.version, entry.size, crc, self.pid, now, now)
 
     async def stream(self, side: Side, source: Source, entry: Entry) -> bytes:
         """The object's bytes straight from the source, checked like a fill's, kept nowhere."""
@@ -150,10 +151,8 @@ class FillEngine:
         """Record the fill in progress; while the room is held by readers or fills in flight, wait for it
         (up to ``ROOM_WAIT_S``; not at all unless ``patient``). None when reserved, else why not."""
         for pause in self.budget.room_waits(entry, patient):
-            now = time.time()
-            row = (k, source.uri, printable(entry.name), entry.version, entry.size, self.pid, now, now)
             try:
-                refusal = await side.reserve(row)
+                refusal = await side.reserve(self._row(source, entry, k, None))
             except sqlite3.OperationalError as e:
                 refusal = self.budget.index_full(e)
             if refusal is None or not refusal.transient or pause is None:

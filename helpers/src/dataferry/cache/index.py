@@ -23,13 +23,15 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from dataferry.cache import entries
 from dataferry.cache.budget import Budget
 from dataferry.cache.errors import CacheFolderError, disk_full
 from dataferry.cache.layout import Layout
 from dataferry.cache.lease import Ask, Lease
 from dataferry.cache.locks import hold_across_fork
 from dataferry.cache.placing import syncfs
-from dataferry.cache.store import LEASES, close, connect, create, damaged, has_schema, release, set_aside
+from dataferry.cache.requests import Answer, Flush, Forget, Many, Placed, Queued, Ready, Request, Reserve, Stop, Touch
+from dataferry.cache.store import Row, close, connect, create, damaged, has_schema, release, set_aside
 from dataferry.errors import interrupted_at_exit
 
 __all__ = ["Index", "IndexWriter", "FLUSH_EVERY", "FLUSH_S"]
@@ -61,11 +63,11 @@ def _flush_at_exit(ref: weakref.ref) -> None:
 def _writer_of(ref: weakref.ReferenceType[Index]) -> Ask:
     """The lease's way to this index's writer, through a weak reference: the index owns its lease, and no
     cycle keeps either (or its writer thread) alive."""
-    def ask(kind: str, args: tuple[Any, ...], answer: Future) -> None:
+    def ask(request: Reserve | Forget, answer: Future) -> None:
         index = ref()
         if index is None:
             raise RuntimeError("the cache's index is closed")
-        index.writer.ask(kind, args, answer)
+        index.writer.ask(request, answer)
     return ask
 
 
@@ -226,21 +228,12 @@ class Index:
     def usage(self) -> tuple[int, int]:
         """(entries, bytes), counting fills in progress (once this process's are recorded), not leases."""
         self.flush()
-        return self.renewed(lambda: self.db().execute(  # one statement: one snapshot
-            "SELECT entries - n, bytes - b FROM usage, (SELECT count(*) AS n, coalesce(sum(size), 0) AS b FROM entries "
-            f"WHERE {LEASES})").fetchone())
+        return self.renewed(lambda: entries.usage(self.db()))
 
     def rows(self) -> list[dict]:
         """Every entry (not leases), most recently used first."""
         self.flush()
-
-        def rows() -> list[dict]:
-            cur = self.db().execute("SELECT source, name, version, size, crc32c, state, last_used FROM entries "
-                                    f"WHERE NOT ({LEASES}) ORDER BY last_used DESC")
-            cols = [c[0] for c in cur.description]
-            return [dict(zip(cols, row)) for row in cur.fetchall()]
-
-        return self.renewed(rows)
+        return self.renewed(lambda: entries.rows(self.db()))
 
     def stored_crc(self, key: str, wait: bool = True) -> str | None:
         """The CRC32C computed when ``key`` was filled: one query, and (``wait``) a wait for this process's pending
@@ -248,20 +241,23 @@ class Index:
         for pending in (False, True) if wait else (False,):
             if pending:
                 self.flush()
-            row = self.renewed(lambda: self.db().execute("SELECT crc32c FROM entries WHERE key = ?", (key,)).fetchone())
-            if row and row[0]:
-                return row[0]
+            crc = self.renewed(lambda: entries.stored_crc(self.db(), key))
+            if crc:
+                return crc
         return None
 
     def discard(self, key: str) -> None:
-        """Drop an entry and its file (the file once the row's deletion committed)."""
+        """Drop an entry and its file (the file once the row's deletion committed). This process's pending writes
+        go first: a fill on the lease not recorded yet would otherwise name the removed file, and keep its fill
+        lock meanwhile."""
+        self.flush()
         self.renewed(lambda: self._discard(key))
 
     def _discard(self, key: str) -> None:
         doomed: list[tuple[str, int]] = []
         try:
             with self.write() as db:
-                db.execute("DELETE FROM entries WHERE key = ?", (key,))
+                entries.delete(db, key)
                 doomed.append((self.layout.object_path(key), -1))
         except BaseException:
             release(doomed, unlink=False)
@@ -301,8 +297,8 @@ class IndexWriter:
     def __init__(self, index: Index) -> None:
         self._index_ref = weakref.ref(index)  # the thread must not keep its index alive
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._later: list = []  # finished fills and cancellations a full disk refused: tried with the next batch
-        self._outbox: list = []  # writes of the download loop's current turn
+        self._later: list[Queued] = []  # finished fills and cancellations a full disk refused: tried with the next batch
+        self._outbox: list[Queued] = []  # writes of the download loop's current turn
         self._gate = threading.Lock()
         self._stopped = False  # set (under the gate) as the thread ends: later requests fail at once
         self._lease = (index.lease.key, index.lease.pid)  # deleted here if the index goes first
@@ -311,40 +307,37 @@ class IndexWriter:
         self._thread = threading.Thread(target=self._run, name="dataferry-index", daemon=True)
         self._thread.start()
 
-    def ask(self, kind: str, args: Any, answer: Future | asyncio.Future | None) -> None:
+    def ask(self, request: Reserve | Forget, answer: Answer) -> None:
         """A request whose ``answer`` the caller waits for, as it waits (a thread on a ``Future``, the
         download loop on an ``asyncio.Future``: the answers of one batch come back to a loop in one
-        hand-over; None: no one waits): ``"reserve"`` room for a fill (``args``: its row; the answer: None when reserved, else a
-        :class:`~dataferry.cache.budget.Refusal`), or ``"forget"`` a failed fill's reservation (``args``: key and pid; a full disk
-        fails it, and the row goes with a later batch). A writer that has stopped fails it at once."""
-        if kind not in ("reserve", "forget"):
-            raise ValueError(f"unknown index request {kind!r}")
-        self._put(kind, args, answer)
+        hand-over; None: no one waits). A writer that has stopped fails it at once."""
+        if not isinstance(request, (Reserve, Forget)):
+            raise TypeError(f"not a request to ask the index writer: {request!r}")
+        self._put(request, answer)
 
     def ready(self, crc: str, when: float, key: str) -> None:
-        self._put("ready", (crc, when, key))
+        self._put(Ready(crc, when, key))
 
-    def placed(self, row: tuple, lease: str, path: str, release: Callable[[], None]) -> None:
-        """A fill on ``lease``'s room, renamed into place at ``path`` but not yet durable: after one
-        ``syncfs`` for its batch, ``row`` (its entry, ready) is written and its size taken off the lease in
-        one transaction, then ``release`` lets go of its fill lock (held until then, so that no recovery
-        takes the file, which has no row yet, for an orphan). A fill that cannot be recorded (the disk
-        failed its ``syncfs``, the writer stopped) is removed, its room given back to the lease."""
-        self._put("placed", (row, lease, path, release))
+    def placed(self, row: Row, lease: str, path: str, release: Callable[[], None]) -> None:
+        """A fill on ``lease``'s room, renamed into place but not yet durable (:class:`Placed`). Its fill lock is
+        held until its row is written, so that no recovery takes the file, which has no row yet, for an
+        orphan. A fill that cannot be recorded (the disk failed its ``syncfs``, the writer stopped) is removed,
+        its room given back to the lease."""
+        self._put(Placed(row, lease, path, release))
 
     def touch(self, touched: dict[str, float]) -> None:
-        self._put("touch", touched)
+        self._put(Touch(touched))
 
     def flush(self) -> None:
         fut: Future = Future()
-        self._put("flush", None, fut)
+        self._put(Flush(), fut)
         self._wait(fut)
 
-    def _put(self, kind: str, args: Any, fut: Future | asyncio.Future | None = None) -> None:
+    def _put(self, request: Request, answer: Answer = None) -> None:
         """Queue a write with a strong reference to its cache: the cache lives until it is applied.
         On the download loop, the writes of one turn of the loop go as one item (one wake-up of
         this thread, not one per fill)."""
-        item = (kind, args, fut, self._index_ref())
+        item = Queued(request, answer, self._index_ref())
         if threading.current_thread().name != "dataferry-aio":
             self._enqueue(item)
             return
@@ -354,9 +347,9 @@ class IndexWriter:
 
     def _send_outbox(self) -> None:
         items, self._outbox = self._outbox, []
-        self._enqueue(("many", items, None, None))
+        self._enqueue(Queued(Many(items), None, None))
 
-    def _enqueue(self, item: tuple) -> None:
+    def _enqueue(self, item: Queued) -> None:
         with self._gate:
             if not self._stopped:
                 self._queue.put(item)
@@ -412,29 +405,29 @@ class IndexWriter:
             if _unhurried(_flat(batch)):
                 batch += self._gathered(GATHER_S, 4096 - len(batch))
             batch, self._later = self._later + _flat(batch), []
-            stop = any(item[0] == "stop" for item in batch)
+            stop = any(isinstance(item.request, Stop) for item in batch)
             index = self._index_ref()  # alive: every queued item holds it
             try:
                 if index is not None:
                     index.notice_replaced()
-                self._commit(index, [item for item in batch if item[0] != "stop"])
+                self._commit(index, [item for item in batch if not isinstance(item.request, Stop)])
             finally:
                 del index, batch
             if stop:  # the thread ends after this batch
                 self._close()
                 return
 
-    def _drained(self, most: int) -> list:
+    def _drained(self, most: int) -> list[Queued]:
         """What is queued now, up to ``most`` items."""
-        items: list = []
+        items: list[Queued] = []
         with contextlib.suppress(queue.Empty):
             while len(items) < most:
                 items.append(self._queue.get_nowait())
         return items
 
-    def _gathered(self, seconds: float, most: int) -> list:
+    def _gathered(self, seconds: float, most: int) -> list[Queued]:
         """What comes within ``seconds`` (up to ``most`` items), ending early at the first that someone waits for."""
-        items: list = []
+        items: list[Queued] = []
         end = time.monotonic() + seconds
         while len(items) < most and (left := end - time.monotonic()) > 0:
             try:
@@ -463,9 +456,9 @@ class IndexWriter:
     def _drop_lease(self) -> None:
         with contextlib.suppress(sqlite3.Error):  # a row left behind is reclaimed once this process ends
             if self._db is not None:
-                self._db.execute("DELETE FROM entries WHERE key = ? AND pid = ?", self._lease)
+                entries.drop_lease(self._db, *self._lease)
 
-    def _commit(self, index: Index | None, batch: list, renewed: bool = False) -> None:
+    def _commit(self, index: Index | None, batch: list[Queued], renewed: bool = False) -> None:
         """Apply a batch in one transaction; if it fails, item by item, so that one bad request
         fails alone and every other finished fill is still marked ready. A damaged index file is set
         aside and the batch applied to the new one (:meth:`Index.renew`)."""
@@ -485,8 +478,8 @@ class IndexWriter:
                     self._commit(index, batch, renewed=True)
                     return
             if len(batch) == 1 or index is None:
-                if batch[0][0] in ("ready", "forget", "placed") and disk_full(error):
-                    self._later += [(kind, args, None, owner) for kind, args, _, owner in batch]  # room by the next batch?
+                if isinstance(batch[0].request, (Ready, Forget, Placed)) and disk_full(error):
+                    self._later += [Queued(item.request, None, item.owner) for item in batch]  # room by the next batch?
                 else:
                     _give_up_placed(batch)
                 _settle(batch, error)
@@ -494,15 +487,15 @@ class IndexWriter:
         for item in batch:
             self._commit(index, [item], renewed)
 
-    def _transaction(self, index: Index, db: sqlite3.Connection, batch: list) -> list[tuple[Future, Any]]:
+    def _transaction(self, index: Index, db: sqlite3.Connection, batch: list[Queued]) -> list[tuple[Any, Any]]:
         doomed: list[tuple[str, int]] = []
-        placed = [item for item in batch if item[0] == "placed"]
+        placed = [item for item in batch if isinstance(item.request, Placed)]
         if placed:
             try:
                 syncfs(index.layout.objects)  # the placed files' bytes are on disk before any row names them
             except OSError:  # not known to be on disk: never named by a row (not retried: a later syncfs may not see the error)
                 _give_up_placed(placed)
-                batch = [item for item in batch if item[0] != "placed"]
+                batch = [item for item in batch if not isinstance(item.request, Placed)]
         try:
             with index.write(db):
                 answers = self._apply(index, db, batch, doomed)
@@ -526,23 +519,20 @@ class IndexWriter:
             _hand_over(loop, settled)
 
     @staticmethod
-    def _apply(index: Index, db: sqlite3.Connection, batch: list, doomed: list) -> list[tuple[Future, Any]]:
-        ready = [args for kind, args, _, _ in batch if kind == "ready"]
+    def _apply(index: Index, db: sqlite3.Connection, batch: list[Queued], doomed: list) -> list[tuple[Any, Any]]:
+        requests = [item.request for item in batch]
         touched: dict[str, float] = {}
-        for kind, args, _, _ in batch:
-            if kind == "touch":
-                touched.update(args)
+        for request in requests:
+            if isinstance(request, Touch):
+                touched.update(request.touched)
         # Finished fills and recent uses first, so the LRU order the reservations see is current.
-        db.executemany("UPDATE entries SET state = 'ready', crc32c = ?, last_used = ? WHERE key = ?", ready)
-        placed = [args for kind, args, _, _ in batch if kind == "placed"]  # (row, lease, path, release)
-        db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, 'ready', ?, ?, ?)", [p[0] for p in placed])
-        db.executemany("UPDATE entries SET size = max(size - ?, 0) WHERE key = ?", [(p[0][4], p[1]) for p in placed])
-        db.executemany("UPDATE entries SET last_used = ? WHERE key = ?", [(t, k) for k, t in touched.items()])
-        db.executemany("DELETE FROM entries WHERE key = ? AND state = 'filling' AND pid = ?",
-                       [args for kind, args, _, _ in batch if kind == "forget"])
-        answers: list[tuple[Future, Any]] = [(fut, None) for kind, _, fut, _ in batch
-                                             if kind in ("flush", "forget") and fut is not None]
-        wants = [(args, fut) for kind, args, fut, _ in batch if kind == "reserve"]
+        entries.mark_ready(db, [r for r in requests if isinstance(r, Ready)])
+        entries.record_placed(db, [r for r in requests if isinstance(r, Placed)])
+        entries.touch(db, touched)
+        entries.forget(db, [r for r in requests if isinstance(r, Forget)])
+        answers: list[tuple[Any, Any]] = [(item.answer, None) for item in batch
+                                          if isinstance(item.request, (Flush, Forget)) and item.answer is not None]
+        wants = [(item.request.row, item.answer) for item in batch if isinstance(item.request, Reserve)]
         return answers + (index.budget.decide(db, wants, doomed) if wants else [])
 
 
@@ -554,37 +544,37 @@ def _file_id(path: Any) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _unhurried(items: list, placed: bool = True) -> bool:
+def _unhurried(items: list[Queued], placed: bool = True) -> bool:
     """Whether a batch may wait for more: no one waits for an answer, no stop, no fill marked ready (its lock is
     let go already: another process may be waiting for its row to check a copy against), and (``placed``) a
     placed fill (whose ``syncfs`` the batch would pay for)."""
-    if any(fut is not None or kind in ("stop", "ready") for kind, _, fut, _ in items):
+    if any(item.answer is not None or isinstance(item.request, (Stop, Ready)) for item in items):
         return False
-    return not placed or any(kind == "placed" for kind, _, _, _ in items)
+    return not placed or any(isinstance(item.request, Placed) for item in items)
 
 
-def _flat(items: list) -> list:
-    return [one for item in items for one in (item[1] if item[0] == "many" else (item,))]
+def _flat(items: list[Queued]) -> list[Queued]:
+    return [one for item in items for one in (item.request.items if isinstance(item.request, Many) else (item,))]
 
 
-def _release_placed(items: list, recorded: bool = True) -> None:
+def _release_placed(items: list[Queued], recorded: bool = True) -> None:
     """Placed fills, recorded or not: let go of their fill locks and tell their leases. One that cannot be
     recorded loses its file first, while its lock is still held (no row names it, and it may not be
     durable), and its room goes back to the lease."""
-    for kind, args, _, owner in items:
-        if kind != "placed":
+    for item in items:
+        placed, owner = item.request, item.owner
+        if not isinstance(placed, Placed):
             continue
-        row, lease, path, unlock = args
         if not recorded:
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                os.unlink(placed.path)
         with contextlib.suppress(OSError):
-            unlock()
-        if owner is not None and lease == owner.lease.key:
-            (owner.lease.recorded if recorded else owner.lease.give_back)(row[4])
+            placed.release()
+        if owner is not None and placed.lease == owner.lease.key:
+            (owner.lease.recorded if recorded else owner.lease.give_back)(placed.row.size)
 
 
-def _give_up_placed(items: list) -> None:
+def _give_up_placed(items: list[Queued]) -> None:
     _release_placed(items, recorded=False)
 
 
@@ -592,10 +582,10 @@ def _stopped_error() -> RuntimeError:
     return RuntimeError("the cache's index writer thread stopped before answering; try again (a new one starts)")
 
 
-def _settle(items: list, error: BaseException) -> None:
+def _settle(items: list[Queued], error: BaseException) -> None:
     """Fail the futures of ``items`` (queued requests) with ``error``."""
     on_loops: dict[asyncio.AbstractEventLoop, list] = {}
-    for _, _, fut, _ in items:
+    for _, fut, _ in items:
         if isinstance(fut, asyncio.Future):
             on_loops.setdefault(fut.get_loop(), []).append((fut, None, error))
         elif fut is not None and not fut.done():

@@ -25,16 +25,16 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
 
-from dataferry.cache.store import is_lease, lease_key
+from dataferry.cache.requests import Forget, Reserve
+from dataferry.cache.store import Row, is_lease, lease_key
 
 __all__ = ["Lease", "LEASE_BYTES", "LEASE_OBJECT_MAX", "is_lease", "Ask"]
 
-#: How a lease reaches the index writer: ``ask(kind, args, answer)`` queues a request whose outcome lands on
+#: How a lease reaches the index writer: ``ask(request, answer)`` queues a request whose outcome lands on
 #: the future ``answer`` (:meth:`dataferry.cache.index.IndexWriter.ask`); it raises RuntimeError once the
 #: index is closed.
-Ask = Callable[[str, tuple[Any, ...], Future], None]
+Ask = Callable[[Reserve | Forget, Future], None]
 
 LEASE_BYTES = 16 << 20
 LEASE_OBJECT_MAX = 4 << 20
@@ -105,7 +105,7 @@ class Lease:
         now = time.time()
         answer: Future = Future()
         try:
-            self._ask("reserve", (self.key, "", "lease", "", LEASE_BYTES, self.pid, now, now), answer)
+            self._ask(Reserve(Row(self.key, "", "lease", "", LEASE_BYTES, None, self.pid, now, now)), answer)
             refused = answer.result() is not None
         except (sqlite3.OperationalError, RuntimeError):  # an index that cannot grow, a writer that stopped
             refused = True  # the fill reserves its own room, which says why it cannot
@@ -124,5 +124,5 @@ class Lease:
                 return
             self._held, self._credit = False, 0
         answer: Future = Future()
-        self._ask("forget", (self.key, self.pid), answer)
+        self._ask(Forget(self.key, self.pid), answer)
         answer.result()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataferry.cache.errors import CacheFolderError
+from dataferry.cache.requests import Forget
 
 __all__ = ["Placing", "syncfs"]
 
@@ -84,7 +85,7 @@ class Placing:
                         finished.index.ready(finished.crc, now, finished.key)
                         finished.done.set_result(None)
                     else:  # its temp file is gone, and so goes its reservation (its caller may be cancelled)
-                        finished.index.ask("forget", (finished.key, finished.pid), None)
+                        finished.index.ask(Forget(finished.key, finished.pid), None)
                         finished.done.set_exception(finished.error)
                         finished.done.exception()  # seen here: a cancelled caller never retrieves it
         finally:

@@ -15,11 +15,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dataferry.cache import entries
 from dataferry.cache.checksum import file_crc
 from dataferry.cache.index import Index
 from dataferry.cache.layout import Layout
 from dataferry.cache.locks import FillLocks
-from dataferry.cache.store import reclaim_dead_fills, recount, release
+from dataferry.cache.store import release
 from dataferry.host import pid_alive
 
 __all__ = ["recover", "verify", "clear", "VerifyReport"]
@@ -49,16 +50,15 @@ def recover(layout: Layout, index: Index, locks: FillLocks) -> None:
     _finish_dead_fills(layout, index)
     for sub in layout.shelves():
         files = _drop_dead_temp_files(layout.shelf(sub), os.listdir(layout.shelf(sub)))
-        rows = dict(index.db().execute("SELECT key, state FROM entries WHERE key >= ? AND key < ?",
-                                       (sub, sub + "g")).fetchall())
+        rows = entries.shelf_states(index.db(), sub)
         missing = [k for k, state in rows.items() if state == "ready" and k not in files]
         if missing:
             with index.write() as db:
-                db.executemany("DELETE FROM entries WHERE key = ? AND state = 'ready'", [(k,) for k in missing])
+                entries.drop_missing(db, missing)
         for name in files - rows.keys():
             _remove_orphan(layout, index, locks, sub, name)
     with index.write() as db:
-        recount(db)
+        entries.recount(db)
 
 
 def _drop_dead_temp_files(folder: str, names: list[str]) -> set[str]:
@@ -77,7 +77,7 @@ def _drop_dead_temp_files(folder: str, names: list[str]) -> set[str]:
 def _finish_dead_fills(layout: Layout, index: Index) -> None:
     doomed: list[tuple[str, int]] = []
     with index.write() as db:
-        reclaim_dead_fills(db, layout, doomed)
+        entries.reclaim_dead_fills(db, layout, doomed)
     release(doomed, unlink=True)
 
 
@@ -85,7 +85,7 @@ def _remove_orphan(layout: Layout, index: Index, locks: FillLocks, sub: str, nam
     """Unlink ``objects/sub/name`` if no row names it. Its fill lock is held meanwhile: a fill
     holds it until its row exists, so a fill in progress is never taken for an orphan."""
     with locks.hold(name):
-        if index.db().execute("SELECT 1 FROM entries WHERE key = ?", (name,)).fetchone():
+        if entries.is_named(index.db(), name):
             return False
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{layout.shelf(sub)}/{name}")
@@ -102,13 +102,12 @@ def verify(layout: Layout, index: Index, locks: FillLocks) -> VerifyReport:
     _finish_dead_fills(layout, index)
     report = VerifyReport()
     for sub in layout.shelves():
-        rows = index.db().execute("SELECT key, source, name, size, crc32c FROM entries "
-                                  "WHERE state = 'ready' AND key >= ? AND key < ?", (sub, sub + "g")).fetchall()
+        rows = entries.ready_on_shelf(index.db(), sub)
         for key, source, name, size, crc in rows:
             try:
                 n, got = file_crc(Path(layout.object_path(key)))
             except FileNotFoundError:
-                if index.db().execute("SELECT 1 FROM entries WHERE key = ? AND state = 'ready'", (key,)).fetchone():
+                if entries.is_ready(index.db(), key):
                     report.checked += 1
                     report.bad.append((source, name, "file missing"))
                     index.discard(key)
@@ -131,7 +130,6 @@ def clear(layout: Layout, index: Index) -> None:
     until closed. The index lock is held only to delete rows, never while files are removed."""
     index.flush()
     with index.write() as db:
-        keys = [key for (key,) in db.execute("SELECT key FROM entries WHERE state = 'ready'")]
-        db.execute("DELETE FROM entries WHERE state = 'ready'")
+        keys = entries.clear_ready(db)
     release([(layout.object_path(key), -1) for key in keys], unlink=True)
     index.forget_uses()

@@ -31,6 +31,8 @@ from dataferry.cache.budget import Refusal
 from dataferry.cache.index import Index
 from dataferry.cache.locks import FillLocks
 from dataferry.cache.placing import Placing
+from dataferry.cache.requests import Forget, Reserve
+from dataferry.cache.store import Row
 from dataferry.cache.transport import Sink, fetch_ranges, fetch_whole
 from dataferry.sources import Entry, Source, fetches_async
 
@@ -39,7 +41,7 @@ __all__ = ["Side", "OnLoop", "OnThread", "run_here", "HELD_MAX", "Leased"]
 HELD_MAX = 256 << 10  # objects up to this size are held in memory until they are put in place (on the loop)
 
 T = TypeVar("T")
-Leased = tuple[str, tuple]  # a fill on a lease: the lease's key, and the entry's row to record
+Leased = tuple[str, Row]  # a fill on a lease: the lease's key, and the entry's row to record
 
 
 def run_here(coro: Coroutine[Any, Any, T]) -> T:
@@ -59,7 +61,7 @@ class Side(Protocol):
     leases: bool
 
     def hold(self, key: str) -> contextlib.AbstractAsyncContextManager[bool]: ...
-    async def reserve(self, row: tuple) -> Refusal | None: ...
+    async def reserve(self, row: Row) -> Refusal | None: ...
     async def forget(self, key: str, pid: int) -> None: ...
     async def pause(self, seconds: float) -> None: ...
     def sink(self, tmp: str, size: int) -> Sink: ...
@@ -83,15 +85,15 @@ class OnThread:
         with self.locks.hold(key) as waited:  # waits in the kernel
             yield waited
 
-    async def reserve(self, row: tuple) -> Refusal | None:
-        return self._ask("reserve", row)
+    async def reserve(self, row: Row) -> Refusal | None:
+        return self._ask(Reserve(row))
 
     async def forget(self, key: str, pid: int) -> None:
-        self._ask("forget", (key, pid))
+        self._ask(Forget(key, pid))
 
-    def _ask(self, kind: str, args: Any) -> Any:
+    def _ask(self, request: Reserve | Forget) -> Any:
         answer: Future = Future()
-        self.index.writer.ask(kind, args, answer)
+        self.index.writer.ask(request, answer)
         return answer.result()
 
     async def pause(self, seconds: float) -> None:
@@ -161,15 +163,15 @@ class OnLoop:
             del held[key]
             released.set()
 
-    async def reserve(self, row: tuple) -> Refusal | None:
-        return await self._ask("reserve", row)
+    async def reserve(self, row: Row) -> Refusal | None:
+        return await self._ask(Reserve(row))
 
     async def forget(self, key: str, pid: int) -> None:
-        await self._ask("forget", (key, pid))
+        await self._ask(Forget(key, pid))
 
-    async def _ask(self, kind: str, args: Any) -> Any:
+    async def _ask(self, request: Reserve | Forget) -> Any:
         answer = asyncio.get_running_loop().create_future()
-        self.index.writer.ask(kind, args, answer)
+        self.index.writer.ask(request, answer)
         return await answer
 
     async def pause(self, seconds: float) -> None:

@@ -1,8 +1,8 @@
-"""The index file: one SQLite database (WAL) per cache folder, its schema and the statements that
-need no writer thread.
+"""The index file: one SQLite database (WAL) per cache folder, its schema and its row type.
 
-Rows are entries (key, source, name, version, size, crc32c, state, pid, last_used); running
-totals are kept by triggers, so no fill has to sum the whole index. A file named by a row that
+Rows are entries (:class:`Row`: key, source, name, version, size, crc32c, state, pid, created, last_used); running
+totals are kept by triggers, so no fill has to sum the whole index. The statements on them are
+:mod:`dataferry.cache.entries`'. A file named by a row that
 is deleted is unlinked only after the deletion commits (:func:`release`): a crash or a failed
 statement can roll rows back, never bring back a file.
 """
@@ -19,16 +19,14 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
-from dataferry.cache.checksum import file_crc
 from dataferry.cache.errors import CacheFolderError, CacheIndexWarning
 from dataferry.cache.layout import Layout
 from dataferry.cache.locks import hold_across_fork
-from dataferry.host import pid_alive
 
-__all__ = ["SCHEMA_VERSION", "connect", "create", "damaged", "still_damaged", "recount", "release",
-           "reclaim_dead_fills", "leased", "close", "set_aside", "has_schema", "LEASES", "LEASE_PREFIX",
-           "is_lease", "lease_key"]
+__all__ = ["SCHEMA_VERSION", "SCHEMA", "Row", "connect", "create", "damaged", "still_damaged", "release", "close",
+           "set_aside", "has_schema", "LEASE_PREFIX", "is_lease", "lease_key"]
 
 SCHEMA_VERSION = 1
 OPEN_TIMEOUT_S = 60.0
@@ -58,6 +56,21 @@ CREATE TRIGGER IF NOT EXISTS entries_update AFTER UPDATE OF size, state ON entri
                                       + (NEW.state = 'filling') * NEW.size;
 END;
 """
+
+
+class Row(NamedTuple):
+    """An entry of the index, in the columns of :data:`dataferry.cache.store.SCHEMA` (less its state, which the
+    statement that writes it decides): a reservation's has no ``crc32c`` yet; a lease's ``name`` is ``"lease"``."""
+
+    key: str
+    source: str
+    name: str
+    version: str
+    size: int
+    crc32c: str | None
+    pid: int
+    created: float
+    last_used: float
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -119,17 +132,9 @@ def damaged(e: sqlite3.DatabaseError) -> bool:
     return any(why in str(e) for why in ("not a database", "malformed", "database corrupt"))
 
 
-def recount(db: sqlite3.Connection) -> None:
-    """Inside a write transaction: set the running totals from the rows (any drift goes)."""
-    db.execute("""UPDATE usage SET
-        entries = (SELECT count(*) FROM entries), bytes = (SELECT coalesce(sum(size), 0) FROM entries),
-        filling_bytes = (SELECT coalesce(sum(size), 0) FROM entries WHERE state = 'filling')""")
-
-
-#: The rows of processes' leases on room (:mod:`dataferry.cache.lease`), keyed ``lease.PID.N``: the one place
-#: that says what a lease's key is, as a test on a key and as the same key range in SQL.
+#: The rows of processes' leases on room (:mod:`dataferry.cache.lease`) are keyed ``lease.PID.N``: the one place
+#: that says what a lease's key is (:data:`dataferry.cache.entries.LEASES` is the same as a key range in SQL).
 LEASE_PREFIX = "lease."
-LEASES = "key >= 'lease.' AND key < 'lease/'"
 
 
 def is_lease(key: str) -> bool:
@@ -138,12 +143,6 @@ def is_lease(key: str) -> bool:
 
 def lease_key(pid: int, number: int) -> str:
     return f"{LEASE_PREFIX}{pid}.{number}"
-
-
-
-def leased(db: sqlite3.Connection) -> tuple[int, int]:
-    """(rows, bytes) of processes' leases on room: counted by the budget, not entries of the cache."""
-    return db.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM entries WHERE {LEASES}").fetchone()
 
 
 def has_schema(db: sqlite3.Connection) -> bool:
@@ -206,23 +205,3 @@ def set_aside(layout: Layout, error: sqlite3.DatabaseError) -> None:
         os.close(fd)
     warnings.warn(f"the cache's index {layout.index} was damaged ({error}); set aside as {aside.name}, and a new one "
                   "started: cached objects are downloaded again when read", CacheIndexWarning, stacklevel=2)
-
-
-def reclaim_dead_fills(db: sqlite3.Connection, layout: Layout, doomed: list[tuple[str, int]]) -> bool:
-    """Inside a write transaction: finish or drop the fills of processes that died. A file
-    renamed into place but not yet marked ready was verified before the rename, so a
-    right-sized one is whole; anything else goes. True when anything changed."""
-    changed = False
-    for key, pid, size, crc in db.execute(
-            "SELECT key, pid, size, crc32c FROM entries WHERE state = 'filling'").fetchall():
-        if pid_alive(pid):
-            continue
-        changed = True
-        path = Path(layout.object_path(key))
-        if path.exists() and path.stat().st_size == size:
-            db.execute("UPDATE entries SET state = 'ready', crc32c = ? WHERE key = ?",
-                       (crc or file_crc(path)[1], key))
-        else:
-            doomed.append((str(path), -1))
-            db.execute("DELETE FROM entries WHERE key = ?", (key,))
-    return changed

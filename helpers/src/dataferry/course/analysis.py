@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dataferry.course.shipped import post_quote
-from dataferry.harness.timing import load_results, size_text
+from dataferry.harness.results import load_results, size_text
 
 __all__ = ["LEAD", "LOCAL_COPY", "SETTING", "Findings", "exact_size_label", "label_epochs", "pool"]
 

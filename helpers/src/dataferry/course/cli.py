@@ -27,7 +27,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from dataferry import __version__
 
@@ -189,7 +189,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 def cmd_stage(args: argparse.Namespace) -> int:
     from dataferry.cache import Cache
     from dataferry.sources import LocalSource, NotFoundAtSource, from_uri
-    from dataferry.stage import stage
+    from dataferry.staging import stage
 
     source = from_uri(args.source)
     if isinstance(source, LocalSource) and not source.root.is_dir():
@@ -245,49 +245,44 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from dataferry.harness.bench import KNOWN_METHODS, LAB_METHODS, bench_source, check_methods
+    """One of four experiments, by ``--au`` and ``--lab``; an option left out is left to the experiment's default."""
     from dataferry.errors import BadArgument
+    from dataferry.harness.bench import KNOWN_METHODS, bench_source, check_methods
     from dataferry.harness.utilisation import AU_METHODS
 
-    methods = args.methods.split(",") if args.methods else None
-    check_methods(methods or (), (*AU_METHODS, "folder") if args.au else KNOWN_METHODS)
-    for folder in (args.out, args.json and os.path.dirname(args.json)):
+    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "verbose", "source", "lab", "au")}
+    if "methods" in given:
+        given["methods"] = given["methods"].split(",")
+        check_methods(given["methods"], (*AU_METHODS, "folder") if args.au else KNOWN_METHODS)
+    for folder in (given.get("out"), given.get("json_path") and os.path.dirname(given["json_path"])):
         if folder and os.path.exists(folder) and not os.path.isdir(folder):
             raise BadArgument(f"{folder} is a file; --out names a folder (for results.csv, run_meta.json and figures) "
                               "and --json a file in one: choose another path")
-    if args.au:
-        if bool(args.lab) == bool(args.source):
-            raise ValueError("give either a SOURCE or --lab")
-        au = {"out": args.out or "build/bench/au", "json_path": args.json, "methods": methods,
-              "n_files": args.files or 256, "epochs": args.passes, "repeats": args.repeats, "workers": args.workers,
-              "seed": args.seed}
-        if args.lab:
-            from dataferry.course.lab.methodsbench import bench_au_lab
 
-            bench_au_lab(args.au, profiles=args.profiles.split(","), file_bytes=(args.file_kib or 112) << 10, **au)
-        else:
-            from dataferry.harness.utilisation import bench_au
+    def only(*names: str, **renamed: str) -> dict[str, Any]:
+        """The options given that this experiment takes (``renamed``: the CLI's name -> the experiment's)."""
+        return {renamed.get(k, k): v for k, v in given.items() if k in names or k in renamed}
 
-            bench_au(args.au, args.source, region=args.region, **au)
+    common = ("out", "json_path", "methods", "repeats", "seed")
+    if args.au and args.lab:
+        from dataferry.course.lab.methodsbench import bench_au_lab
+
+        bench_au_lab(args.au, **only(*common, "profiles", "n_files", "file_bytes", "workers", passes="epochs"))
+    elif args.au:
+        from dataferry.harness.utilisation import bench_au
+
+        bench_au(args.au, args.source, **only(*common, "n_files", "workers", "region", passes="epochs"))
     elif args.lab:
-        if args.source:
-            raise ValueError("give a SOURCE or --lab, not both")
         from dataferry.course.lab.methodsbench import bench_lab
 
-        bench_lab(out=args.out or "build/bench/methods", json_path=args.json or "build/bench/methods.json",
-                  profiles=args.profiles.split(","), methods=methods or LAB_METHODS, n_files=args.files or 24,
-                  file_bytes=(args.file_kib or 2048) << 10, passes=args.passes, repeats=args.repeats, seed=args.seed)
-    elif args.source:
-        bench_source(args.source, out=args.out or "build/bench/source", json_path=args.json, methods=methods,
-                     max_files=args.files or 24, passes=args.passes, repeats=args.repeats, seed=args.seed,
-                     region=args.region)
+        bench_lab(**only(*common, "profiles", "n_files", "file_bytes", "passes"))
     else:
-        raise ValueError("give a SOURCE (gs://bucket/prefix or a folder) or --lab")
+        bench_source(args.source, **only(*common, "passes", "region", n_files="max_files"))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dataferry.harness.timing import load_results
+    from dataferry.harness.results import load_results
 
     rows = load_results(args.results)  # before the figures' imports: a bad path touches nothing
     from dataferry.harness.bench import summary, summary_table
@@ -304,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dataferry.cache.budget import DEFAULT_MIN_FREE_BYTES
     from dataferry.harness.feed import PROFILES as COMPUTE_PROFILES
     from dataferry.course.lab.profiles import PROFILES
-    from dataferry.stage import MAX_IN_FLIGHT
+    from dataferry.staging import MAX_IN_FLIGHT
 
     parser = Parser(prog="dataferry", description="Fast training data from cloud storage.")
     parser.add_argument("--version", action="version", version=f"dataferry {__version__}")
@@ -373,25 +368,32 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--max-bytes", type=float, required=True)
     ca.set_defaults(func=cmd_cache)
 
-    be = sub.add_parser("bench", help="first vs repeated reads by method: on your data, or --lab across profiles")
-    be.add_argument("source", nargs="?", type=path, help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
-    be.add_argument("--lab", action="store_true", help="run the full comparison in the offline lab")
-    be.add_argument("--au", metavar="PROFILE[,PROFILE]", type=_compute_profiles,
+    be = sub.add_parser("bench", help="first vs repeated reads by method: on your data, or --lab across profiles",
+                        argument_default=argparse.SUPPRESS)
+    where = be.add_mutually_exclusive_group(required=True)
+    where.add_argument("source", nargs="?", type=path, default=None,
+                       help="gs://bucket/prefix, or a folder (e.g. a Drive or gcsfuse mount)")
+    where.add_argument("--lab", action="store_true", default=False, help="run the full comparison in the offline lab")
+    be.add_argument("--au", metavar="PROFILE[,PROFILE]", type=_compute_profiles, default=None,
                     help="instead of MB/s, the accelerator utilisation of each method training under these compute "
                          f"profiles ({', '.join(sorted(COMPUTE_PROFILES))}); --passes are epochs")
     be.add_argument("--methods", type=path, help="comma-separated (lab: local,gcsfuse,gcsfuse-cache,api-serial,api-parallel,"
                                       "dataferry; a gs:// source: api-serial,api-parallel,dataferry,gcsfuse,"
                                       "gcsfuse-cache; a folder: folder,dataferry)")
-    be.add_argument("--passes", type=whole(1, 1000), default=2, help="epochs per method; pass 1 is the first read")
-    be.add_argument("--repeats", type=whole(1, 1000), default=5)
-    be.add_argument("--files", type=whole(1, 10**7), help="files to read (a sample of the source); default 24, with --au 256")
-    be.add_argument("--file-kib", type=whole(1, 2**24), help="lab: size of each file; default 2048, with --au 112")
-    be.add_argument("--workers", type=whole(0, 1024), default=4, help="--au: DataLoader worker processes")
-    be.add_argument("--profiles", type=names(list(PROFILES)), default="colocated,same-continent,cross-continent", help="lab: region profiles")
+    be.add_argument("--passes", type=whole(1, 1000), help="epochs per method; pass 1 is the first read (default 2)")
+    be.add_argument("--repeats", type=whole(1, 1000), help="rounds of every method (default 5)")
+    be.add_argument("--files", dest="n_files", metavar="N", type=whole(1, 10**7),
+                    help="files to read (a sample of the source); default 24, with --au 256")
+    be.add_argument("--file-kib", dest="file_bytes", metavar="KIB", type=lambda text: whole(1, 2**24)(text) << 10,
+                    help="lab: size of each file; default 2048, with --au 112")
+    be.add_argument("--workers", type=whole(0, 1024), help="--au: DataLoader worker processes (default 4)")
+    be.add_argument("--profiles", type=lambda text: names(list(PROFILES))(text).split(","),
+                    help="lab: region profiles (default colocated,same-continent,cross-continent; with --au "
+                         "same-continent,cross-continent)")
     be.add_argument("--region", type=path, help="your region, if detection cannot know it (else metadata server, else unknown)")
-    be.add_argument("--seed", type=whole(0), default=0)
-    be.add_argument("--out", type=path, help="folder for results.csv, run_meta.json and figures")
-    be.add_argument("--json", type=path, help="where to write the summary JSON")
+    be.add_argument("--seed", type=whole(0))
+    be.add_argument("--out", type=path, help="folder for results.csv, run_meta.json and figures (default build/bench/...)")
+    be.add_argument("--json", dest="json_path", metavar="FILE", type=path, help="where to write the summary JSON")
     be.set_defaults(func=cmd_bench)
 
     rp = sub.add_parser("report", help="pool result files and redraw the standard figures")

@@ -87,7 +87,7 @@ def au_runs(data: AUData, profiles: list[Any], folder: Path, *, epochs: int, rep
     """Every way of reading into every compute profile, under every region, ``repeats`` times from a fresh start:
     one ``train`` row per epoch in ``folder``'s ``results.csv`` (:func:`dataferry.harness.utilisation.compare_au`)."""
     from dataferry.harness.runtime import capture
-    from dataferry.harness.timing import Results, load_results
+    from dataferry.harness.results import Results, load_results
     from dataferry.harness.utilisation import compare_au
 
     runtime = capture(str(data.work))

@@ -266,7 +266,7 @@ def methods_run(course: Course, methods: list[str], n_files: int, repeats: int, 
     new folder under the results' ``<NN>_by_region``, as they are measured."""
     import time
 
-    from dataferry.harness.timing import load_results
+    from dataferry.harness.results import load_results
 
     folder = course.results_dir / f"{course.lesson[:2]}_by_region" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     if course.where == "lab":

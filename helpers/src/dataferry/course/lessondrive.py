@@ -110,7 +110,7 @@ class DriveFiles:
         from dataferry.harness.bench import interleave
         from dataferry.harness.folders import LISTINGS, timed_listing
         from dataferry.harness.runtime import capture
-        from dataferry.harness.timing import Results, load_results
+        from dataferry.harness.results import Results, load_results
 
         common = {"region": self.region.region, "region_source": self.region.source, "phase": "list",
                   "concurrency": 1, "bytes": 0, "runtime": capture(region=self.region).kind}
@@ -224,7 +224,7 @@ class DriveFiles:
 
     def _copy_extract(self, name: str) -> Any:
         from dataferry.harness.folders import copy_extract_read
-        from dataferry.harness.timing import drop_caches, evict
+        from dataferry.harness.pagecache import drop_caches, evict
 
         def run(turn: Any) -> dict[str, Any]:
             drop_caches(1)
@@ -235,7 +235,7 @@ class DriveFiles:
 
     def _through_the_mount(self, turn: Any) -> dict[str, Any]:
         from dataferry.harness.folders import read_files
-        from dataferry.harness.timing import drop_caches, evict
+        from dataferry.harness.pagecache import drop_caches, evict
 
         drop_caches(1)
         with self.mount() as root:
@@ -247,7 +247,7 @@ class DriveFiles:
     def _staged(self, turn: Any) -> dict[str, Any]:
         """``dataferry.stage`` from the stand-in's bucket, then every file read from the cache on disk."""
         from dataferry import Cache, GCSSource, stage
-        from dataferry.harness.timing import drop_caches, evict
+        from dataferry.harness.pagecache import drop_caches, evict
 
         assert self.files is not None and self.files.target is not None
         drop_caches(1)

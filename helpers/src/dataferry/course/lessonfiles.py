@@ -72,7 +72,7 @@ class LessonFiles:
                 return measure(self.target, methods, folder, region=detect_region(lab_profile=self.profile),
                                passes=2, repeats=repeats, seed=seed, meta=meta)
         from dataferry.harness.bench import bench_source
-        from dataferry.harness.timing import load_results
+        from dataferry.harness.results import load_results
 
         cloud = self.cloud
         run = bench_source(cloud.uri, out=folder, methods=methods, max_files=len(self.names), passes=2,

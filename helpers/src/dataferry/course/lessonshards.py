@@ -98,7 +98,8 @@ def stream_epochs(ds: Any, cache: Any, epochs: int, batch_size: int, folder: Pat
     from dataferry.harness.folders import sample_every
     from dataferry.harness.runtime import capture, detect_region
     from dataferry.shards import ShardLoader
-    from dataferry.harness.timing import Results, evict
+    from dataferry.harness.results import Results
+    from dataferry.harness.pagecache import evict
 
     region = detect_region(lab_profile=files.profile) if files.lab is not None else detect_region()
     runtime = capture(str(cache.root), region=region)

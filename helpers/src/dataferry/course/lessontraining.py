@@ -69,7 +69,7 @@ def train_through_cache(data: LessonData, train_tf: Any, test_tf: Any, *, epochs
     from dataferry import Cache, CachedImageFolder, stage
     from dataferry.harness.bench import interleave
     from dataferry.harness.feed import feed, sample_ms
-    from dataferry.harness.timing import evict
+    from dataferry.harness.pagecache import evict
 
     def fresh(name: str) -> Cache:
         return Cache(caches / f"{name}-{time.time_ns()}")

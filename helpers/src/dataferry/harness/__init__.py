@@ -2,7 +2,9 @@
 
 It builds on the library (``dataferry``'s sources, cache and datasets) and never imports the course:
 
-- ``timing``: cache-state control (drop or evict pages, residency probes), timed reads, the results files;
+- ``pagecache``: cache-state control (drop or evict pages, residency probes);
+- ``timing``: timed reads, host-to-device copies;
+- ``results``: the results files, written as measured and read back;
 - ``stats``: medians, bootstrap intervals, speedups;
 - ``plots``: the standard figures;
 - ``bench``: ready-made experiments: first vs repeated reads by method, decoders, interleaved rounds;

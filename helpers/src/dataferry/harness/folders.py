@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from dataferry.errors import BadArgument
-from dataferry.harness.timing import evict, timed_read
+from dataferry.harness.pagecache import evict
+from dataferry.harness.timing import timed_read
 
 __all__ = ["LISTINGS", "ReadPass", "copy_extract_read", "extract", "read_files", "sample_every", "timed_listing",
            "walk"]

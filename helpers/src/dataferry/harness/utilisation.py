@@ -37,8 +37,9 @@ from dataferry.cache import Cache
 from dataferry.harness.feed import PROFILES, ComputeProfile, EmulatedCompute, EpochReport, TorchCompute, feed
 from dataferry.sources import LocalSource
 from dataferry.progress import progress_bar
-from dataferry.stage import stage
-from dataferry.harness.timing import Results, evict, load_results, size_text
+from dataferry.staging import stage
+from dataferry.harness.results import Results, load_results, size_text
+from dataferry.harness.pagecache import evict
 
 __all__ = ["AU_METHODS", "compare_au", "au_table", "bench_au", "run_au"]
 
@@ -178,7 +179,7 @@ def au_table(rows: Any) -> str:
 
 def bench_au(compute: str | ComputeProfile | Sequence[str | ComputeProfile], source: str, *,
              out: str | Path = "build/bench/au", json_path: str | Path | None = None,
-             methods: Sequence[str] | None = None, n_files: int = 256, epochs: int = 2, repeats: int = 3,
+             methods: Sequence[str] | None = None, n_files: int = 256, epochs: int = 2, repeats: int = 5,
              batch_size: int = 32, workers: int = 4, seed: int = 0, region: str | None = None,
              say: Callable[[str], None] = print) -> dict:
     """``dataferry bench --au PROFILE SOURCE``: AU of each method under each ``compute`` profile (names in

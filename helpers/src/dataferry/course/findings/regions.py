@@ -45,7 +45,7 @@ def _slowdowns(first: Any, near: str, far: str) -> dict[str, tuple[float, float,
 
 
 def by_region(rows: Any, regions: list[str], *, lab: bool, repeats: int, relation: str | None = None) -> Conclusion:
-    """``rows``: a methods run's rows (:func:`dataferry.harness.timing.load_results`); ``regions`` nearest first;
+    """``rows``: a methods run's rows (:func:`dataferry.harness.results.load_results`); ``regions`` nearest first;
     ``relation``: :func:`dataferry.harness.runtime.colocation` of runtime and bucket (None in the lab)."""
     said = []
     failed = rows[(rows["phase"] == "epoch") & (rows["error"].fillna("") != "")]

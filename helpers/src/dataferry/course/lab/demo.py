@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from dataferry.course.lab.core import Lab
 from dataferry.course.lab.profiles import PROFILES
-from dataferry.harness.timing import evict, timed_read
+from dataferry.harness.pagecache import evict
+from dataferry.harness.timing import timed_read
 
 __all__ = ["run_demo"]
 

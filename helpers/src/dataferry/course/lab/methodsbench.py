@@ -21,7 +21,7 @@ from dataferry.course.lab.core import Lab
 from dataferry.course.lab.profiles import PROFILES
 from dataferry.progress import progress_bar
 from dataferry.sources import GCSSource
-from dataferry.harness.timing import Results
+from dataferry.harness.results import Results
 from dataferry.harness.utilisation import AU_METHODS, run_au
 
 __all__ = ["lab_target", "bench_lab", "bench_au_lab"]
@@ -111,7 +111,7 @@ def bench_lab(out: str | os.PathLike[str] = "build/bench/methods", json_path: st
 def bench_au_lab(compute: str | ComputeProfile | Sequence[str | ComputeProfile], *,
                  out: str | os.PathLike[str] = "build/bench/au", json_path: str | os.PathLike[str] | None = None,
                  methods: Sequence[str] | None = None, profiles: Sequence[str] = ("same-continent", "cross-continent"),
-                 n_files: int = 256, file_bytes: int = 112 << 10, epochs: int = 2, repeats: int = 3,
+                 n_files: int = 256, file_bytes: int = 112 << 10, epochs: int = 2, repeats: int = 5,
                  batch_size: int = 32, workers: int = 4, seed: int = 0, say: Callable[[str], None] = print) -> dict:
     """:func:`dataferry.harness.utilisation.bench_au` in a lab of its own: ``n_files`` synthetic files of
     ``file_bytes``, each method under each compute profile and each region ``profiles``."""

@@ -111,7 +111,7 @@ def _served_bytes(lab: Lab, bucket: str, sizes: dict[str, int]) -> tuple[int, in
 
 def _child(c: dict[str, Any]) -> dict[str, Any]:
     """Every epoch of one method: samples, seconds, bytes served by the lab, the cache's peak disk use."""
-    from dataferry.harness.timing import evict
+    from dataferry.harness.pagecache import evict
 
     lab, work = Lab(state_dir=c["lab_state"]), Path(c["work"])
     read_epoch = _epochs_of(c["method"], c)

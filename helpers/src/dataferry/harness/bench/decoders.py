@@ -150,8 +150,8 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
 
     from dataferry.dataset import CachedImageFolder
     from dataferry.harness.feed import feed
-    from dataferry.stage import stage
-    from dataferry.harness.timing import evict
+    from dataferry.staging import stage
+    from dataferry.harness.pagecache import evict
 
     on_cuda = getattr(compute, "mode", None) == "cuda"
     decoders = list(DECODERS) + ([GPU] if on_cuda else []) if decoders is None else list(decoders)

@@ -22,8 +22,10 @@ from typing import Any
 from dataferry.cache import Cache
 from dataferry.errors import BadArgument
 from dataferry.harness.folders import walk
-from dataferry.stage import stage, width_for
-from dataferry.harness.timing import Results, evict, timed_read
+from dataferry.staging import stage, width_for
+from dataferry.harness.results import Results
+from dataferry.harness.pagecache import evict
+from dataferry.harness.timing import timed_read
 
 __all__ = ["Target", "compare_methods", "check_methods", "LAB_METHODS", "KNOWN_METHODS", "PARALLEL_WORKERS"]
 

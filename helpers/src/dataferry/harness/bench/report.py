@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dataferry.harness.bench.methods import Target
-from dataferry.harness.timing import Results, size_text
+from dataferry.harness.results import Results, size_text
 
 __all__ = ["summary", "summary_table", "say_failures"]
 
@@ -90,7 +90,7 @@ def summary_table(result: dict[str, Any]) -> str:
 
 def write_summary(results: Results, out: Path, json_path: Path, say: Callable[[str], None], extra: dict | None = None) -> dict:
     from dataferry.harness.plots import standard_figures
-    from dataferry.harness.timing import load_results
+    from dataferry.harness.results import load_results
 
     results.close()
     rows = load_results(results.csv_path, run_id=results.run_id)  # this run only, in a folder that holds others

@@ -15,7 +15,7 @@ from dataferry.harness.bench.methods import Target, compare_methods
 from dataferry.harness.bench.report import bucket_location, gpu_rows, write_summary
 from dataferry.cache import Cache
 from dataferry.progress import progress_bar
-from dataferry.harness.timing import Results
+from dataferry.harness.results import Results
 
 __all__ = ["source_target", "bench_source", "measure"]
 
@@ -51,7 +51,7 @@ def source_target(uri: str, max_files: int = 200, seed: int = 0, *, client: Any 
 
 def bench_source(uri: str, out: str | os.PathLike[str] = "build/bench/source",
                  json_path: str | os.PathLike[str] | None = None, methods: Sequence[str] | None = None,
-                 max_files: int = 200, passes: int = 2, repeats: int = 5, seed: int = 0,
+                 max_files: int = 24, passes: int = 2, repeats: int = 5, seed: int = 0,
                  region: Any = None, say: Callable[[str], None] = print, *, client: Any = None,
                  suffix: str = "", meta: dict[str, Any] | None = None) -> dict:
     """The comparison on your own data: ``gs://bucket/prefix`` (API methods, dataferry, and gcsfuse
@@ -96,7 +96,7 @@ def measure(target: Target, methods: Sequence[str], out: str | os.PathLike[str],
     The one call a lesson or notebook needs: region defaults to :func:`dataferry.harness.runtime.detect_region`
     (pass the lab's, e.g. ``detect_region(lab_profile=...)``), the runtime is captured once."""
     from dataferry.harness.runtime import capture, detect_region
-    from dataferry.harness.timing import load_results
+    from dataferry.harness.results import load_results
 
     region = region or detect_region()
     runtime = capture(region=region)

@@ -1,6 +1,6 @@
 """Standard figures for benchmark results: throughput per method, first read vs repeat.
 
-Rows are the long-format :class:`pandas.DataFrame` of :data:`dataferry.harness.timing.COLUMNS`. The
+Rows are the long-format :class:`pandas.DataFrame` of :data:`dataferry.harness.results.COLUMNS`. The
 figures use only ``phase == "epoch"`` rows whose ``error`` is empty: one epoch row is one whole
 pass over the data, so its ``MBps`` is what training sees. Throughput spans orders of magnitude
 between methods, so every y axis is logarithmic, and every box is labelled with its sample size so

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from dataferry.harness.timing import COLUMNS, size_text
+from dataferry.harness.results import COLUMNS, size_text
 
 PASS_KINDS = ("first read", "repeat")
 LAB_NOTE = "lab: offline lab profile, not a cloud measurement"
@@ -40,7 +40,7 @@ def epochs_of(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         raise TypeError(f"rows must be a pandas DataFrame, not {type(rows).__name__}")
     missing = [c for c in _NEEDED if c not in rows.columns]
     if missing:
-        raise ValueError(f"rows lack columns {missing}; expected the long format of dataferry.harness.timing.COLUMNS "
+        raise ValueError(f"rows lack columns {missing}; expected the long format of dataferry.harness.results.COLUMNS "
                          f"({len(COLUMNS)} columns)")
     epochs = rows[rows["phase"].astype("string").fillna("") == "epoch"]
     ok = epochs["error"].astype("string").fillna("").str.strip() == ""

@@ -108,6 +108,8 @@ EXITING = textwrap.dedent("""
     from dataferry import Cache, LocalSource
     from dataferry.cache import index
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell that ran the tests in the background ignores it
+
     cache = Cache(sys.argv[1], min_free_bytes=0)
     cache.read(LocalSource(sys.argv[2]), "a")  # a use to write at exit
     slow = index.IndexWriter._transaction

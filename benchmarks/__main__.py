@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from dataferry.course.cli import MB, Parser, amount, names, path, run, whole
 
@@ -18,17 +18,10 @@ def _times(unit: int, parse: Callable[[str], float]) -> Callable[[str], int]:
 
 
 def _bench(name: str) -> Callable[[argparse.Namespace], int]:
-    """Run benchmark ``name`` with only the options given."""
+    """Run ``benchmarks.<name>.bench_<name>`` with only the options given."""
     def go(args: argparse.Namespace) -> int:
-        given: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("func", "command", "verbose")}
-        bench: Callable[..., Any]
-        if name == "cache":
-            from benchmarks.cache import bench_cache as bench
-        elif name == "shards":
-            from benchmarks.shards import bench_shards as bench
-        else:
-            from benchmarks.train import bench_train as bench
-        bench(**given)
+        given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "verbose")}
+        getattr(importlib.import_module(f"benchmarks.{name}"), f"bench_{name}")(**given)
         return 0
     return go
 

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from dataferry.cache.requests import Forget, Reserve
-from dataferry.cache.store import Row, is_lease, lease_key
+from dataferry.cache.store import Row, lease_key
 
-__all__ = ["Lease", "LEASE_BYTES", "LEASE_OBJECT_MAX", "is_lease", "Ask"]
+__all__ = ["Lease", "LEASE_BYTES", "LEASE_OBJECT_MAX", "Ask"]
 
 #: How a lease reaches the index writer: ``ask(request, answer)`` queues a request whose outcome lands on
 #: the future ``answer`` (:meth:`dataferry.cache.index.IndexWriter.ask`); it raises RuntimeError once the

@@ -411,7 +411,8 @@ def test_missing_bucket_and_folder_are_clear(lab_env, tmp_path):
 def test_a_disk_that_returns_damaged_bytes_is_a_local_disk_error_and_never_served(tmp_path, monkeypatch):
     """A disk that reads back other bytes than were written (it cannot be made to fail here, so the
     cache's one read of a cached file, ``core._read_all``, flips a byte as such a disk would): a verified read
-    checks even what it filled a moment ago, never returns the damaged bytes, and after its refetches says
+    of a cached copy checks it, and the copies it fills again after a damaged one (a read that fills a copy is
+    handed the bytes its fill checked, so the copy is cached first here), never returns the damaged bytes, and after its refetches says
     the local disk is at fault: a ``DamagedOnDisk``, an ``OSError`` like every cache-folder error, not a
     ``SourceError``. Bytes damaged in every download stay a ``DamagedAtSource``, a ``SourceError``."""
     import dataferry.cache.core as core
@@ -422,6 +423,7 @@ def test_a_disk_that_returns_damaged_bytes_is_a_local_disk_error_and_never_serve
     source = LocalSource(tmp_path / "src")
     cache = Cache(tmp_path / "c")
     real = core._read_all
+    cache.fill(source, "a.bin")
 
     def rotten(fd, size):
         data = bytearray(real(fd, size))

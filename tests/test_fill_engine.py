@@ -485,3 +485,92 @@ def test_fills_of_a_dataloader_worker_that_exits_stay_in_the_cache(tmp_path):
 def _read_every_file(cache, source) -> None:
     for e in source.list():
         cache.read(source, e)
+
+
+def test_a_read_that_fills_a_small_object_is_handed_the_bytes_its_fill_checked(tmp_path, monkeypatch):
+    """Epoch 1 from a folder: a read that misses fills the copy and is handed the bytes the fill checked as they
+    came, not the copy read back (one open, read and CRC32C less a file). The copy is whole on disk with its row
+    and checksum, and the next read reads it back and checks it. An object too big to hold in memory (over
+    ``HELD_MAX``) is written as it comes and read back, as before."""
+    import dataferry.cache.core as core
+    from dataferry.cache.checksum import b64
+    from dataferry.cache.sides import HELD_MAX
+
+    files = _write_folder(tmp_path / "data", 12, seed=8)
+    files["big.bin"] = os.urandom(HELD_MAX + 12_345)
+    (tmp_path / "data" / "big.bin").write_bytes(files["big.bin"])
+    folder, cache = LocalSource(tmp_path / "data"), Cache(tmp_path / "c", min_free_bytes=0)
+    read_back, real = [], core._read_all
+    monkeypatch.setattr(core, "_read_all", lambda fd, size: (read_back.append(size), real(fd, size))[1])
+    for name, data in files.items():
+        if name == "big.bin":
+            continue
+        got = cache.read_verified(folder, name)
+        assert type(got) is bytes and got == data
+    assert read_back == [], "a read that filled its copy did not read it back"
+    assert cache.stats().misses == 12 and cache.stats().hits == 0
+    rows = {row["name"]: row for row in cache.entries()}
+    for name, data in files.items():
+        if name != "big.bin":
+            assert rows[name]["state"] == "ready" and rows[name]["crc32c"] == b64(google_crc32c.value(data))
+            assert cache.path(folder, name).read_bytes() == data
+    read_back.clear()
+    assert all(cache.read_verified(folder, name) == data for name, data in files.items() if name != "big.bin")
+    assert len(read_back) == 12 and cache.stats().hits >= 12, "later reads read the copy back, and check it"
+    read_back.clear()
+    assert cache.read_verified(folder, "big.bin") == files["big.bin"] and read_back == [len(files["big.bin"])]
+
+
+def test_placed_fills_wake_the_index_writer_once_a_gathering_and_an_answer_at_once(tmp_path, monkeypatch):
+    """Fills on the lease are made durable and recorded together: while the index writer gathers them (one
+    ``syncfs`` for all), a placed fill does not wake it (a wake-up each made the filling thread wait for the
+    GIL at every fill and doubled a small file's fill CPU here); a request someone waits for still ends the
+    gathering at once."""
+    from dataferry.cache import index as index_module
+
+    files = _write_folder(tmp_path / "data", 40, seed=9)
+    folder, cache = LocalSource(tmp_path / "data"), Cache(tmp_path / "c", min_free_bytes=0)
+    cache.read(folder, next(iter(files)))  # the lease is taken, the writer is running
+    cache._index.flush()
+    monkeypatch.setattr(index_module, "GATHER_S", 1.0)
+    writer = cache._index.writer
+    takes, real_drained = [], writer._drained
+    monkeypatch.setattr(writer, "_drained", lambda most: (takes.append(most), real_drained(most))[1])
+    syncs, real_syncfs = [], index_module.syncfs
+    monkeypatch.setattr(index_module, "syncfs", lambda folder: (syncs.append(folder), real_syncfs(folder))[1])
+    t0 = time.monotonic()
+    for name in list(files)[1:]:
+        assert cache.read(folder, name) == files[name]
+    cache._index.flush()
+    assert time.monotonic() - t0 < 0.8, "the flush, which waits for an answer, ended the gathering"
+    assert 1 <= len(syncs) <= 3, "one syncfs for the fills of a gathering (the lease, growing, may end one)"
+    assert len(takes) <= 8, f"the writer took up the queue {len(takes)} times for 39 fills: woken by each"
+    assert {row["state"] for row in cache.entries()} == {"ready"} and len(cache.entries()) == 40
+
+
+def test_a_folders_small_file_is_copied_with_one_read_and_every_byte_of_a_large_one(tmp_path, monkeypatch):
+    """``LocalSource.fetch`` asks for one byte past the listed end, so a small file costs one read (its end is
+    the short read); a file of several chunks comes whole, from any offset; one that grew since it was listed is
+    refused, never copied in part."""
+    import io
+
+    from dataferry.sources import ChangedAtSource
+
+    small, large = os.urandom(40_000), os.urandom(3 * (1 << 20) + 17)
+    (tmp_path / "small.bin").write_bytes(small)
+    (tmp_path / "large.bin").write_bytes(large)
+    folder = LocalSource(tmp_path)
+    entries = {e.name: e for e in folder.list()}
+    reads, real_pread = [], os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: (reads.append(n), real_pread(fd, n, at))[1])
+    out = io.BytesIO()
+    assert folder.fetch(entries["small.bin"], out) == len(small) and out.getvalue() == small
+    assert reads == [len(small) + 1]
+    for start in (0, 1000, (1 << 20) + 5):
+        out = io.BytesIO()
+        assert folder.fetch(entries["large.bin"], out, start=start) == len(large) - start
+        assert out.getvalue() == large[start:]
+    with open(tmp_path / "small.bin", "ab") as f:
+        f.write(b"more")
+    with pytest.raises(ChangedAtSource, match="small.bin"):
+        folder.fetch(entries["small.bin"], io.BytesIO())

@@ -210,13 +210,13 @@ class Cache:
                 raise
             return action(source, source.stat(item))
 
-    def _read(self, source: Source, entry: Entry, key: str,
-              expect: Callable[[str | None], str | None]) -> tuple[bytes, bool, str | None]:
+    def _read(self, source: Source, entry: Entry, key: str, expect: Callable[[str | None], str | None],
+              keep: bool = True) -> tuple[bytes, bool, str | None]:
         """The cached copy's bytes, filled first on a miss; a copy of the wrong size is dropped and filled
-        again. With whether they came straight from the source (too big for the budget), checked as they came,
-        and ``expect(crc)``, asked once the copy is open and before it is read, with the CRC32C this read's fill
-        computed, if it filled the copy (a copy this read filled needs no
-        query of the index for it)."""
+        again. With whether they came straight from the source, checked as they came (too big for the budget;
+        or, ``keep``, a small object this read filled, handed over as its fill held them: no read back), and
+        ``expect(crc)``, asked once the copy is open and before it is read, with the CRC32C this read's fill
+        computed, if it filled the copy (a copy this read filled needs no query of the index for it)."""
         path = self._layout.object_path(key)
         hit = True
         filled_crc = None  # what a verified read checks a copy this read filled against
@@ -225,9 +225,11 @@ class Cache:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 hit = False
-                filled = self._fills.fill_now(source, entry)
+                filled = self._fills.fill_now(source, entry, keep=keep)
                 if filled.fetched < 0:
                     return self._stream(source, entry, filled.refusal), True, None  # checked as it streamed
+                if filled.data is not None:
+                    return filled.data, True, None  # checked as it came
                 filled_crc = filled.crc32c or None
                 continue
             # No lock needed: eviction only unlinks, and an open descriptor still reads every byte.
@@ -269,13 +271,15 @@ class Cache:
             return self._index.stored_crc(key)
 
     def _read_verified(self, source: Source, entry: Entry) -> bytes:
-        """Every read back is checked, even of a copy filled a moment ago: the fill checked the bytes it
-        received, and a failing disk can still return others."""
+        """Every read back is checked: a failing disk can return other bytes than were written. A read that fills
+        a small object is handed the bytes its fill checked as they came; once a copy read back wrong, the
+        copies filled again are read back too, so a disk that keeps damaging them is named."""
         key = self.key(source, entry)
         mismatches = unvouched = 0
         while mismatches <= self.max_refetches:
             data, streamed, expected = self._read(source, entry, key,
-                                                  lambda filled: self._known_crc(entry, key, filled, wait=False))
+                                                  lambda filled: self._known_crc(entry, key, filled, wait=False),
+                                                  keep=not (mismatches or unvouched))
             if streamed:
                 return data
             expected = expected or self._known_crc(entry, key, None) or self._settled_crc(key)  # filled by this read

@@ -26,7 +26,7 @@ import os
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dataferry.cache.budget import Refusal
 from dataferry.cache.checksum import b64
@@ -50,7 +50,8 @@ _ON_THIS_THREAD = threading.local()  # how many fills run on this thread now (on
 class Filled:
     """How one fill ended: ``fetched`` bytes downloaded (0: it was cached already, -1: no room,
     ``refusal`` says why), or the ``error`` it raised (from :meth:`~dataferry.Cache.fill_many`; a
-    single :meth:`~dataferry.Cache.fill` raises it); ``crc32c`` of the bytes it downloaded."""
+    single :meth:`~dataferry.Cache.fill` raises it); ``crc32c`` of the bytes it downloaded; ``data``, those
+    bytes, verified, when the caller asked to keep them and they were small enough to be held in memory."""
 
     name: str
     size: int
@@ -59,6 +60,7 @@ class Filled:
     error: BaseException | None = None
     entry: Entry | None = None  # the version filled (None when it could not be looked up)
     crc32c: str = ""
+    data: bytes | None = field(default=None, repr=False)  # the verified bytes, for a fill_now(keep=True) that held them
 
 
 def damage(entry: Entry, n: int, crc: str) -> str:
@@ -84,14 +86,15 @@ class FillEngine:
     def __repr__(self) -> str:
         return f"<FillEngine {self.layout.root}>"
 
-    def fill_now(self, source: Source, entry: Entry, ahead: bool = False) -> Filled:
-        """:meth:`fill`, run to its end on this thread. A fill started while another runs on this thread (the
-        JPEG a decode-once fill reads) does not wait for room: what it would wait for may be held by that very
-        fill, so when there is no room now it is refused at once (and its read streams)."""
+    def fill_now(self, source: Source, entry: Entry, ahead: bool = False, keep: bool = False) -> Filled:
+        """:meth:`fill`, run to its end on this thread; ``keep``: with the bytes it fetched, verified, if it held
+        them (a read that missed needs not read its copy back). A fill started while another runs on this thread
+        (the JPEG a decode-once fill reads) does not wait for room: what it would wait for may be held by that
+        very fill, so when there is no room now it is refused at once (and its read streams)."""
         outer = getattr(_ON_THIS_THREAD, "fills", 0)
         _ON_THIS_THREAD.fills = outer + 1
         try:
-            return run_here(self.fill(self.on_thread, source, entry, ahead, patient=not outer))
+            return run_here(self.fill(self.on_thread, source, entry, ahead, patient=not outer, keep=keep))
         finally:
             _ON_THIS_THREAD.fills = outer
 
@@ -99,10 +102,12 @@ class FillEngine:
         """:meth:`stream`, run to its end on this thread."""
         return run_here(self.stream(self.on_thread, source, entry))
 
-    async def fill(self, side: Side, source: Source, entry: Entry, ahead: bool = False, patient: bool = True) -> Filled:
+    async def fill(self, side: Side, source: Source, entry: Entry, ahead: bool = False, patient: bool = True,
+                   keep: bool = False) -> Filled:
         """Make sure ``entry`` is cached. A fill ``ahead`` of a reader that waited for someone else's fill
         of the same object does nothing after it: that fill was for its own read, which happened. One that is
-        not ``patient`` takes the room there is now, or none."""
+        not ``patient`` takes the room there is now, or none; one asked to ``keep`` its bytes gives them if it
+        held them."""
         k = key(source, entry)
         path = self.layout.object_path(k)
         cached = Filled(entry.name, entry.size, entry=entry)
@@ -133,7 +138,8 @@ class FillEngine:
             except BaseException as e:
                 return await self._undo(side, k, sink, e, entry, lease)
         self.count(bytes_from_source=entry.size, fetch_s=time.perf_counter() - t0)
-        return Filled(entry.name, entry.size, entry.size, entry=entry, crc32c=crc)
+        data = bytes(sink.held) if keep and sink.held is not None else None
+        return Filled(entry.name, entry.size, entry.size, entry=entry, crc32c=crc, data=data)
 
     def _row(self, source: Source, entry: Entry, k: str, crc: str | None) -> Row:
         """The fill's entry: without a CRC32C, as its reservation; with one, ready, as a leased fill is recorded."""

@@ -6,7 +6,9 @@ transport (:mod:`dataferry.cache.transport`) on either side.
 
 - :class:`OnThread`: a fill a caller waits for (a read's miss, a folder's fill from a pool thread). The
   coroutine runs to its end on the caller's thread (:func:`run_here`), every wait blocking that thread:
-  the fill lock waits in the kernel, a bucket's bytes come over the download loop into the temp file.
+  the fill lock waits in the kernel, a bucket's bytes come over the download loop; an object up to
+  ``HELD_MAX`` is held in memory and written to its temp file once verified (the read that filled it is
+  handed those bytes), a larger one is written into its temp file as it comes.
   A fill on the process's lease (:mod:`dataferry.cache.lease`) is renamed into place at once and made
   durable with its batch by the index writer (one ``syncfs``, before its row is written); one that
   reserved its own room is made durable (``fsync``), then renamed.
@@ -100,7 +102,7 @@ class OnThread:
         time.sleep(seconds)
 
     def sink(self, tmp: str, size: int) -> Sink:
-        return Sink(tmp, size, held=False)
+        return Sink(tmp, size, held=size <= HELD_MAX)  # a small object's file is made once it is verified
 
     async def fetch(self, source: Source, entry: Entry, sink: Sink, deadline: float) -> tuple[int, int]:
         if fetches_async(source):  # its transport runs on the download loop; this thread waits for it
@@ -113,6 +115,7 @@ class OnThread:
         lease and its row) is recorded by the index writer once its batch is durable, and keeps its fill
         lock until then. A row only ever names a durable file: a power cut may leave a file no row
         names, partial, which the next open removes as an orphan."""
+        sink.write_out()
         if leased is None:
             os.fsync(sink.fd)
         sink.close()

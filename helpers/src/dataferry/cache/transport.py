@@ -63,6 +63,18 @@ class Sink:
     def __repr__(self) -> str:
         return f"<Sink {'held' if self.held is not None else self.tmp}>"
 
+    def write_out(self) -> None:
+        """Held bytes into the temp file, made now (open, for an ``fsync``, until :meth:`close`)."""
+        if self.held is None or self.fd >= 0:
+            return
+        try:
+            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            view = memoryview(self.held)
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError as e:
+            raise CacheFolderError.writing(e) from e
+
     def restart(self) -> None:
         """Before a refetch: the bytes so far go (what is held keeps its size, each byte written again)."""
         if self.fd >= 0:

@@ -440,6 +440,25 @@ def test_a_disk_that_returns_damaged_bytes_is_a_local_disk_error_and_never_serve
     assert issubclass(DamagedAtSource, SourceError) and issubclass(DamagedAtSource, ChecksumError)
 
 
+def test_a_disk_that_keeps_shortening_copies_is_named_though_a_read_that_fills_is_handed_its_bytes(tmp_path,
+                                                                                                    monkeypatch):
+    """A copy read back the wrong size is dropped and filled again, and that copy is read back too (not handed
+    over as the fill held it): a disk that keeps shortening what it stores is named, a ``DamagedOnDisk``."""
+    import dataferry.cache.core as core
+    from dataferry.cache import DamagedOnDisk
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.bin").write_bytes(b"whole " * 1000)
+    source, cache = LocalSource(tmp_path / "src"), Cache(tmp_path / "c")
+    cache.fill(source, "a.bin")
+    real = core._read_all
+    monkeypatch.setattr(core, "_read_all", lambda fd, size: real(fd, size)[:-1])
+    with pytest.raises(DamagedOnDisk, match="a.bin.*wrong size"):
+        cache.read_verified(source, "a.bin")
+    monkeypatch.setattr(core, "_read_all", real)
+    assert cache.read_verified(source, "a.bin") == b"whole " * 1000
+
+
 def test_stat_keeps_to_the_sources_retry_deadline(lab, lab_env, dataset, tmp_path):
     """GCSSource.stat is retried by the source's own policy, within its retry_deadline_s (google's default retry
     ran for 120 s and ignored it), and says how it ended."""

@@ -244,7 +244,7 @@ class Cache:
                 return data, False, expected
             self._index.discard(key)
             self._counters.add(refetches=1)
-            hit = False
+            hit, keep = False, False  # the copy filled again is read back: a disk that keeps shortening it is named
         raise DamagedOnDisk(f"{where(source, printable(entry.name))}: the cached copy kept coming back the wrong size "
                             f"({self.max_refetches + 3} times): the local disk under {self.root} is failing; use a "
                             "cache folder on another disk")

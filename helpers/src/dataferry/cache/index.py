@@ -390,6 +390,7 @@ class IndexWriter:
         while True:
             try:
                 batch = [self._queue.get(timeout=IDLE_CHECK_S)]
+                self._hurry.clear()  # what set it is in this batch (put before set, cleared before the drain)
             except queue.Empty:
                 if self._later:  # what a full disk refused, tried again while nothing else comes
                     batch = []

@@ -211,7 +211,7 @@ class Cache:
             return action(source, source.stat(item))
 
     def _read(self, source: Source, entry: Entry, key: str, expect: Callable[[str | None], str | None],
-              keep: bool = True) -> tuple[bytes, bool, str | None]:
+              keep: bool) -> tuple[bytes, bool, str | None]:
         """The cached copy's bytes, filled first on a miss; a copy of the wrong size is dropped and filled
         again. With whether they came straight from the source, checked as they came (too big for the budget;
         or, ``keep``, a small object this read filled, handed over as its fill held them: no read back), and

@@ -433,16 +433,9 @@ class IndexWriter:
         """What comes within ``seconds`` (up to ``most`` items), ending early at the first that someone waits for.
         Only such an item wakes this thread meanwhile (:attr:`_hurry`): a wake-up per placed fill made the filling
         thread wait for the GIL at each, and doubled the CPU of a small file's fill (epoch 1 from a folder)."""
-        items: list[Queued] = []
-        end = time.monotonic() + seconds
-        while len(items) < most and (left := end - time.monotonic()) > 0:
-            hurried = self._hurry.wait(left)
-            self._hurry.clear()
-            new = self._drained(most - len(items))
-            items += new
-            if hurried or not _unhurried(_flat(new), placed=False):
-                break
-        return items
+        self._hurry.wait(seconds)
+        self._hurry.clear()  # put before set, cleared before the drain: an item that sets it again is taken next
+        return self._drained(most)
 
     def _connection(self, index: Index) -> sqlite3.Connection:
         """This thread's connection, renewed when the index file was replaced."""

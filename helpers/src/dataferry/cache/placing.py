@@ -23,6 +23,7 @@ from typing import Any
 
 from dataferry.cache.errors import CacheFolderError
 from dataferry.cache.requests import Forget
+from dataferry.cache.transport import write_new
 
 __all__ = ["Placing", "syncfs"]
 
@@ -98,7 +99,7 @@ def _place(folder: str, group: list[_Finished]) -> None:
     for finished in group:
         if finished.held is not None:
             try:
-                _write_file(finished.tmp, finished.held)
+                os.close(write_new(finished.tmp, finished.held))
             except OSError as e:
                 finished.error = CacheFolderError.writing(e)
     try:
@@ -115,16 +116,6 @@ def _place(folder: str, group: list[_Finished]) -> None:
                 finished.error = e
         with contextlib.suppress(FileNotFoundError):
             os.unlink(finished.tmp)
-
-
-def _write_file(path: str, data: bytes | bytearray) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
 
 
 def syncfs(folder: str) -> None:

@@ -32,7 +32,7 @@ from dataferry.cache.layout import printable
 from dataferry.sources import Attempts, Entry, Source, SourceError, is_transient, retry_policy, retry_policy_async, where
 from dataferry.sources.retries import BACKOFF
 
-__all__ = ["Sink", "Part", "fetch_whole", "fetch_ranges", "source_blip", "RANGE_MIN", "PART", "RANGES", "STALL_S"]
+__all__ = ["Sink", "Part", "write_new", "fetch_whole", "fetch_ranges", "source_blip", "RANGE_MIN", "PART", "RANGES", "STALL_S"]
 
 STALL_S = 30.0  # the longest wait for the next byte of a download before it is retried
 RANGE_MIN = 32 << 20  # objects this large come in ranges
@@ -68,10 +68,7 @@ class Sink:
         if self.held is None or self.fd >= 0:
             return
         try:
-            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            view = memoryview(self.held)
-            while view:
-                view = view[os.write(self.fd, view):]
+            self.fd = write_new(self.tmp, self.held)
         except OSError as e:
             raise CacheFolderError.writing(e) from e
 
@@ -92,6 +89,19 @@ class Sink:
         self.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.tmp)
+
+
+def write_new(path: str, data: bytes | bytearray) -> int:
+    """``path`` created (or emptied) holding ``data``; its descriptor, still open (closed if the writing fails)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class Part:

@@ -308,7 +308,8 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 decoded: list[Any] = []
 
                 def limit(once: Any = once, decoded: list[Any] = decoded, width: int = width) -> Any:
-                    decoded += [pixels(once._bytes(i, once.decoded)) for i in range(len(once))]  # once is warm now
+                    # once is warm now; each image's own compact copy (pixels are a view of their record)
+                    decoded += [pixels(once._bytes(i, once.decoded)).clone() for i in range(len(once))]
                     return _loader(InMemoryImages(decoded, once.targets, augment()), width, batch)
 
                 pipelines.append((LIMIT, f"pixels@{DECODED_SIZE}", limit))

@@ -216,6 +216,29 @@ def test_decode_once_bounds_the_longer_side_and_keeps_the_aspect_of_a_panorama(t
         pixels(b"\xff\xd8" + bytes(100))
 
 
+def test_a_records_pixels_are_a_view_of_its_bytes_and_cross_to_the_main_process():
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from dataferry.decode import decode_image
+
+    record = decode_image(_banded_jpeg(300, 200), 64)
+    image = pixels(record)
+    assert image.shape == (3, 64, 96) and image.dtype == torch.uint8
+    assert image.data_ptr() == np.frombuffer(record, np.uint8).ctypes.data + 8, "the pixels were copied out"
+    assert torch.equal(image, pixels(bytearray(record))), "the same pixels from a writable copy of the record"
+    assert image.permute(1, 2, 0).is_contiguous(), "channels last, as the record lays them out"
+    (handed,) = DataLoader([image], batch_size=None, num_workers=1)  # a worker hands it over in shared memory
+    assert torch.equal(handed, image)
+    first = ("from dataferry.decode import decode_image, pixels; from PIL import Image; import io; b = io.BytesIO(); "
+             "Image.new('RGB', (40, 30)).save(b, 'JPEG'); pixels(decode_image(b.getvalue(), 16))")
+    said = subprocess.run([sys.executable, "-W", "error:The given buffer is not writable:UserWarning", "-c", first],
+                          capture_output=True, text=True, timeout=120)
+    assert said.returncode == 0 and "writable" not in said.stderr, "torch's warning reached the user: " + said.stderr
+
+
 def test_decode_once_through_dataloader_workers_with_v2_transforms(tmp_path):
     from torchvision.transforms import v2
 

@@ -20,6 +20,7 @@ there.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import re
 import struct
@@ -290,22 +291,28 @@ def pixels(record: bytes) -> Any:
     again, use ``pixels(record).clone()``."""
     import torch
 
-    global _torch_warned
     magic, h, w = _HEADER.unpack_from(record)
     if magic != _MAGIC or len(record) < _HEADER.size + 3 * h * w:
         raise BadArgument(f"not a decoded image's record ({len(record)} bytes starting {bytes(record[:8])!r}): give "
                           "what decode_image or DecodedImages returned")
-    if not _torch_warned:  # torch warns once a process that a tensor over bytes can write to them: said above
-        with _TORCH_WARNING, warnings.catch_warnings():  # once, so its race with other threads' filters is once
-            warnings.simplefilter("ignore", UserWarning)
-            torch.frombuffer(b"\0", dtype=torch.uint8)
-            _torch_warned = True
+    _spend_torch_bytes_warning()
     flat = torch.frombuffer(record, dtype=torch.uint8, offset=_HEADER.size, count=3 * h * w)
     return flat.view(h, w, 3).permute(2, 0, 1)
 
 
 _TORCH_WARNING = threading.Lock()
-_torch_warned = False
+
+
+@functools.cache
+def _spend_torch_bytes_warning() -> None:
+    """torch warns once a process that a tensor over bytes can write to them (:func:`pixels` says what that means):
+    that once is spent here, silenced. Under a lock, so two first calls never interleave their ``catch_warnings``
+    (which would leave the filter behind); it races with another thread's filters this once only."""
+    import torch
+
+    with _TORCH_WARNING, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.frombuffer(b"\0", dtype=torch.uint8)
 
 
 class DecodedImages:

@@ -14,10 +14,11 @@ flipped by the same workers; and a table splits each pipeline's sample time into
 collate, timed on one core) and what is left (the hand-over to the main process, the cores' sharing). The feed's
 peers run beside them where installed (:mod:`benchmarks.feedpeers`: litdata with every decoder, DALI's CPU
 pipeline; ``ImageFolder`` is one everywhere), so ``decode_once_vs_best_peer`` and ``jpeg_cache_vs_best_peer`` (the
-cache's JPEG path over the fastest peer with the same decoder, the worst decoder's) compare them. Three more ratios
+cache's JPEG path over the fastest peer with the same decoder, the worst decoder's) compare them. More ratios
 sum it up: ``decode_once_vs_jpeg_warm`` (warm cache, decode-once over decoding the JPEG every epoch, same
-workers), ``decode_once_vs_limit`` and ``cold_epoch_vs_plain_read`` (epoch 1 through the cache from a
-folder over plain reads of the same folder, same workers, page cache dropped before each); and
+workers), ``decode_once_vs_limit``, ``budget_vs_none`` (decode-once's warm cache under a budget over the same
+cache without one: under a budget every read demotes its entry) and ``cold_epoch_vs_plain_read`` (epoch 1 through
+the cache from a folder over plain reads of the same folder, same workers, page cache dropped before each); and
 ``mounted_prefetch_gain`` says what the prefetching sampler buys epoch 1 from a gcsfuse mount. Figures are
 ``lab:<profile>`` numbers from this machine; ``make bench-train`` runs it. The pipelines of one worker count take
 their epochs in turns, each loader keeping its workers (:func:`_interleaved`), so that drift in a shared machine
@@ -50,6 +51,7 @@ __all__ = ["InMemoryImages", "bench_train", "cold_epoch_vs_plain_read", "mounted
 
 DECODED_SIZE = 256
 LIMIT = "limit-in-memory"  # the reader of this machine's limit: decoded pixels in RAM, the same crops and workers
+BUDGETED = "decode-once-budget"  # decode-once's warm cache under a budget: every read demotes its entry
 
 
 class InMemoryImages:
@@ -305,6 +307,12 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 once = CachedImageFolder(GCSSource(bucket.name, "flowers/", client), Cache(work / f"c-{width}-once"),
                                          transform=augment(), decode_once=DECODED_SIZE)
                 pipelines.append(("decode-once-warm", f"pil@{DECODED_SIZE}", functools.partial(_loader, once, width, batch)))
+                if width == widths[-1]:  # the same cache under a budget (room for twice what it holds): each read demotes
+                    room = 2 * (len(once) * once.decoded.sample_bytes + once.total_bytes)
+                    budgeted = CachedImageFolder(GCSSource(bucket.name, "flowers/", client),
+                                                 Cache(work / f"c-{width}-once", max_bytes=room), transform=augment(),
+                                                 decode_once=DECODED_SIZE)
+                    pipelines.append((BUDGETED, f"pil@{DECODED_SIZE}", functools.partial(_loader, budgeted, width, batch)))
                 decoded: list[Any] = []
 
                 def limit(once: Any = once, decoded: list[Any] = decoded, width: int = width) -> Any:
@@ -372,7 +380,8 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                 # against reading the files and then writing their copies, each at its own measured rate
                 "cold_epoch_vs_read_then_write": per_round(cold_rates, [1 / (1 / p + 1 / w) for p, w in
                                                                          zip(plain_rates, write_rates)]),
-                "decode_once_vs_best_peer": _vs_best_peer(rows, _rates(rows, *once, top), None, top)}
+                "decode_once_vs_best_peer": _vs_best_peer(rows, _rates(rows, *once, top), None, top),
+                "budget_vs_none": per_round(_rates(rows, BUDGETED, f"pil@{DECODED_SIZE}", top), _rates(rows, *once, top))}
     jpeg_vs_peers = [r for d in DECODERS if (r := _vs_best_peer(rows, _rates(rows, "cache-warm", d, top), d, top))]
     by_round["jpeg_cache_vs_best_peer"] = min(jpeg_vs_peers, key=statistics.median, default=[])
     results["ratio_rounds"] = by_round  # each ratio of one round's epochs, in round order
@@ -473,6 +482,9 @@ def _table(results: dict, width: int) -> str:
                  f"{statistics.median(results['plain_read_files_per_s']):,.0f} files/s) and then writing their copies "
                  f"(alone, made durable: {statistics.median(results['copies_written_files_per_s']):,.0f} files/s), one "
                  "after the other, on this disk")
+    budget = results["ratio_rounds"]["budget_vs_none"]
+    lines.append(f"budget_vs_none: {results['budget_vs_none']:.2f} ({min(budget):.2f}-{max(budget):.2f}): decode-once's "
+                 "warm cache under a budget (each read demotes its entry) over the same cache without one")
     gain = results["mounted_prefetch_gain"]
     lines.append(f"mounted_prefetch_gain: {'not measured (no gcsfuse)' if gain is None else f'{gain:.2f}'} (epoch 1 "
                  "from a gcsfuse mount through the cache, with the prefetching sampler over without; "

@@ -244,6 +244,8 @@ def test_bench_train_has_a_row_per_reader_decoder_and_width_and_its_two_ratios(t
     for r in got["rows"]:
         assert r["samples_per_s"] > 0 and 0 < r["au"] <= 1.05 and 0 <= r["wait_share"] <= 1, r
     assert got["decode_once_vs_jpeg_warm"] > 0 and got["cold_epoch_vs_plain_read"] > 0
+    assert ("decode-once-budget", "pil@256", widths[-1]) in readers and got["budget_vs_none"] > 0
+    assert "budget_vs_none" in stdout, "decode-once under a budget, against the same cache without one"
     assert len(got["copies_written_files_per_s"]) == 1 and got["cold_epoch_vs_read_then_write"] > 0
     assert "cold_epoch_vs_read_then_write" in stdout, "epoch 1 against what reading and then writing allow"
     from dataferry.mounts.fuse import fuse_status

@@ -414,20 +414,20 @@ def test_one_reader_filling_file_after_file_makes_them_durable_in_groups_not_one
 
 
 def test_the_index_writer_waits_for_more_fills_only_while_no_one_waits_on_it():
-    """The writer's gathering rule: a batch of placed fills may wait for more; one holding a request someone waits
-    for, a stop, or a fill marked ready (whose lock is already let go, so another process may wait for its row)
-    may not; nor one with nothing to make durable."""
+    """The writer's gathering rule: a batch of placed fills or of uses (a DataLoader worker under a budget demotes
+    every sample it reads) may wait for more; one holding a request someone waits for, a stop, or a fill marked ready
+    (whose lock is already let go, so another process may wait for its row) may not; nor one with neither."""
     from concurrent.futures import Future
 
     from dataferry.cache.index import _unhurried
-    from dataferry.cache.requests import Flush, Placed, Queued, Ready, Reserve, Stop, Touch
+    from dataferry.cache.requests import Flush, Many, Placed, Queued, Ready, Reserve, Stop, Touch
     placed, touch = Queued(Placed(None, "", "", None), None, None), Queued(Touch({}), None, None)
-    assert _unhurried([placed, touch])
-    assert not _unhurried([touch])
+    assert _unhurried([placed, touch]) and _unhurried([touch]) and _unhurried([placed])
+    assert not _unhurried([Queued(Many([]), None, None)])
     assert _unhurried([touch], placed=False)
     for other in [Queued(Reserve(None), Future(), None), Queued(Flush(), Future(), None), Queued(Stop(), None, None),
                   Queued(Ready("", 0.0, ""), None, None)]:
-        assert not _unhurried([placed, other]), other[0]
+        assert not _unhurried([placed, other]) and not _unhurried([touch, other]), other[0]
 
 
 def test_readers_killed_mid_epoch_leave_whole_entries_and_no_room_held(tmp_path):

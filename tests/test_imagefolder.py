@@ -436,6 +436,39 @@ def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_
                          batch_size=10, decoders=["pil", "gpu"])
 
 
+class _Mounted(LocalSource):
+    """A folder that says it is a mount (as a Drive folder does, so the prefetching sampler fetches ahead of the
+    reader), counting each object's fetches."""
+
+    remote = True
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.fetched: dict[str, int] = {}
+
+    def fetch(self, entry, out, start=0, timeout=None):
+        self.fetched[entry.name] = self.fetched.get(entry.name, 0) + 1
+        return super().fetch(entry, out, start, timeout)
+
+
+def test_decode_once_prefetches_no_jpeg_whose_pixels_are_cached(tmp_path):
+    """A warm epoch of decode-once needs no JPEG: its prefetching sampler fetches none, even where the cache has
+    let the JPEGs go (it used to fetch every one again, each epoch, for pixels already cached)."""
+    TEST.write_to(tmp_path)
+    source = _Mounted(tmp_path / "test")
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    ds = CachedImageFolder(source, cache, decode_once=64)
+    first = [ds[i][0] for i in ds.prefetching(range(len(ds)))]
+    assert sorted(source.fetched) == sorted(e.name for e in source.list()) and set(source.fetched.values()) == {1}
+    cache.demote(source, list(source.list()))  # the JPEGs go first when room is needed: as a budget lets them go
+    cache.prune(len(ds) * record_bytes(64, 128))
+    assert not any(cache.contains(source, e) for e in source.list()) and all(
+        cache.contains(ds.decoded, ds.decoded.entry(e)) for e in source.list())
+    second = [ds[i][0] for i in ds.prefetching(range(len(ds)))]
+    assert set(source.fetched.values()) == {1}, "no JPEG fetched for pixels already cached"
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
 def test_decode_once_under_a_budget_too_tight_for_the_jpegs_too_never_waits_on_itself(tmp_path):
     """The JPEG's fill runs inside the pixels' fill, whose room it cannot take: it streams at once (it used to wait
     ~10 s an image for room its own outer fill held)."""

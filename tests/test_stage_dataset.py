@@ -182,6 +182,25 @@ def test_the_prefetcher_reads_a_folder_32_at_once_as_documented(tmp_path):
     assert source.most == DEFAULT_WORKERS, f"{source.most} fills at once, not the documented {DEFAULT_WORKERS}"
 
 
+def test_the_prefetcher_tops_its_window_up_a_whole_batch_at_a_time(tmp_path):
+    """A reader moving one sample at a time queues a batch (``width // 8``) each time the window has room for
+    one, not one fill a sample (each a hand-over that a warm epoch's reader paid for, fetching nothing); and the
+    window still ends ``ahead`` past the reader, the last batch shorter."""
+    source, order, cache = _gated_folder(tmp_path, 50, slow="none")
+    source.pause = 0
+    queued: list[int] = []
+    fill_later = cache.fill_later
+    cache.fill_later = lambda src, items, threads=32: queued.append(len(items)) or fill_later(src, items, threads)
+    with Prefetcher(source, cache, order, ahead=16, width=32) as pf:  # batches of 4
+        for position in range(len(order)):
+            pf.advance(position)
+            if position == 5:
+                pf.wait()
+                assert [cache.contains(source, e) for e in order[:21]] == [True] * 20 + [False]
+    assert queued == [4] * 12 + [2], queued
+    assert all(cache.contains(source, e) for e in order) and pf.errors == []
+
+
 def test_dataset_reads_through_cache_with_prefetching_sampler(lab, dataset, tmp_path):
     ds, source = dataset
     lab.set_profile(Profile("test-prefetch", 20, None))

@@ -91,6 +91,11 @@ class CachedDataset(Dataset):
             return self.cache.read_verified(self.source, entry)
         return self.cache.read_verified(decoded, decoded.entry(entry))
 
+    def wanted(self, entry: Entry) -> bool:
+        """Whether reading the entry's sample needs its object from the source unless cached: here always, so
+        the prefetching sampler fetches every entry ahead that is not cached."""
+        return True
+
     def prefetching(self, sampler: Sampler[int] | Sequence[int], ahead: int | None = None) -> PrefetchingSampler:
         """Wrap ``sampler`` so that, as the DataLoader draws indices, samples up to ``ahead`` past
         the one drawn are fetched into the cache in the background by the main process, at most
@@ -149,6 +154,11 @@ class CachedImageFolder(CachedDataset):
         self.is_valid_file, self.allow_empty = is_valid_file, allow_empty
         self.decoded = DecodedImages(source, cache, decode_once) if decode_once else None
         super().__init__(source, cache)
+
+    def wanted(self, entry: Entry) -> bool:
+        """Whether reading the image will need its JPEG: decode-once needs none once its record is cached (a
+        warm epoch's prefetching then fetches nothing, and under a budget does not bring evicted JPEGs back)."""
+        return self.decoded is None or not self.cache.contains(self.decoded, self.decoded.entry(entry))
 
     def refresh(self) -> None:
         """List the source again: classes, samples and targets follow what it holds now. Exactly as ImageFolder:
@@ -261,7 +271,7 @@ class PrefetchingSampler(Sampler[int]):
             return
         order = array("q", self.sampler)  # 8 bytes a sample, not a list of ints
         entries = _InOrder(self.dataset, order)
-        with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead) as pf:
+        with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead, wanted=self.dataset.wanted) as pf:
             self.prefetcher = pf
             for position, index in enumerate(order):
                 pf.advance(position)

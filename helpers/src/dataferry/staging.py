@@ -13,7 +13,7 @@ import time
 import warnings
 import zlib
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
@@ -176,17 +176,19 @@ class Prefetcher:
     prefetching sampler do it). Fills are queued in small batches, and a batch that finishes
     queues the next one at once, so one slow object holds one slot, not the reader's whole
     window: reads of prefetched items are cache hits, and a read of an item still downloading
-    waits for that one download instead of starting a second.
+    waits for that one download instead of starting a second. An entry for which ``wanted(entry)`` is
+    False is passed over (its reader needs nothing from the source: decode-once's record of it is cached).
     """
 
     def __init__(self, source: Source, cache: Cache, order: Sequence[Entry], ahead: int | None = None,
-                 width: int | None = None) -> None:
-        self.source, self.cache, self.order = source, cache, order
+                 width: int | None = None, wanted: Callable[[Entry], bool] | None = None) -> None:
+        self.source, self.cache, self.order, self.wanted = source, cache, order, wanted
         self.width = width or min(width_for(source), ahead or width_for(source))
         self.ahead = ahead or 4 * self.width
-        self._batch = max(self.width // 8, 1)
+        self._batch = min(max(self.width // 8, 1), self.ahead)
         self._closed = False
         self._next = self._position = self._in_flight = 0
+        self._due = 0  # the reader's position from which the window may have room for a batch
         self._window = 0  # bytes of order[_position:_next]: filled or filling, not yet passed
         self._most = cache.max_bytes // 2 if cache.max_bytes is not None else None
         self._lock = threading.RLock()  # a batch already done runs its callback inside add_done_callback
@@ -195,7 +197,11 @@ class Prefetcher:
         self.errors: list[tuple[str, str]] = []
 
     def advance(self, position: int) -> None:
-        """The reader is at ``position`` in ``order``: queue what the window now allows."""
+        """The reader is at ``position`` in ``order``: queue what the window now allows. Called at every position,
+        it takes the lock only where the window has room for a whole batch (a warm epoch's reader then pays
+        about a microsecond a sample here)."""
+        if position < self._due:
+            return
         with self._lock:
             if self._most is not None:  # the window's bytes matter under a budget only (an entry is made to know them)
                 for passed in range(self._position, min(position, self._next)):
@@ -204,8 +210,9 @@ class Prefetcher:
             self._top_up()
 
     def _top_up(self) -> None:
-        """Queue batches (under the lock) while fewer than ``width`` fills are in flight. A batch
-        that is done at once calls back in here: it only frees its slots, and this loop goes on."""
+        """Queue batches (under the lock) while fewer than ``width`` fills are in flight, each a whole batch
+        unless the order ends first (one fill ahead per sample read costs a warm epoch's reader more than the
+        read). A batch that is done at once calls back in here: it only frees its slots, and this loop goes on."""
         if self._topping:
             return
         self._topping = True
@@ -213,24 +220,34 @@ class Prefetcher:
             if self._next <= self._position:  # what the reader has passed, it read itself
                 self._next, self._window = self._position, 0
             stop = min(len(self.order), self._position + self.ahead)
+            full = False  # stopped by the budget: any move of the reader may free room
             while not self._closed and self._next < stop and self._in_flight < self.width:
+                if stop - self._next < self._batch and stop < len(self.order):
+                    break
                 end = min(stop, self._next + self._batch, self._next + self.width - self._in_flight)
                 batch = []
                 for i in range(self._next, end):
                     entry = self.order[i]
                     if self._most is not None and self._window and self._window + entry.size > self._most:
+                        full = True
                         break  # a window of one is allowed, however large
-                    batch.append(entry)
                     self._window += entry.size
-                if not batch:
+                    if self.wanted is None or self.wanted(entry):
+                        batch.append(entry)
+                self._next = i + 1 if not full else i
+                if batch:
+                    futures = self.cache.fill_later(self.source, batch, threads=self.width)
+                    share = len(batch) // len(futures)
+                    self._in_flight += share * len(futures)
+                    for fut in futures:
+                        self._futures.append(fut)
+                        fut.add_done_callback(functools.partial(self._finished, share=share))
+                if full:
                     break
-                self._next += len(batch)
-                futures = self.cache.fill_later(self.source, batch, threads=self.width)
-                share = len(batch) // len(futures)
-                self._in_flight += share * len(futures)
-                for fut in futures:
-                    self._futures.append(fut)
-                    fut.add_done_callback(functools.partial(self._finished, share=share))
+            if self._next >= len(self.order):
+                self._due = len(self.order)  # nothing left to queue
+            else:
+                self._due = self._position + 1 if full else self._next + self._batch - self.ahead
             self._prune()
         finally:
             self._topping = False

@@ -41,9 +41,10 @@ T = TypeVar("T")
 FLUSH_EVERY = 256
 FLUSH_S = 2.0
 IDLE_CHECK_S = 5.0
-#: How long the writer gathers more placed fills after one arrives, while no one waits for an answer: one
+#: How long the writer gathers more placed fills or uses after one arrives, while no one waits for an answer: one
 #: ``syncfs`` and one transaction for every fill of those milliseconds, not one for each file (epoch 1 from a
-#: folder filled one file at a time per worker: a ``syncfs`` per file). Their fill locks are held that much longer.
+#: folder filled one file at a time per worker: a ``syncfs`` per file). Their fill locks are held that much longer,
+#: and a use reaches the LRU order that much later.
 GATHER_S = 0.02
 
 
@@ -544,10 +545,11 @@ def _file_id(path: Any) -> tuple[int, int] | None:
 def _unhurried(items: list[Queued], placed: bool = True) -> bool:
     """Whether a batch may wait for more: no one waits for an answer, no stop, no fill marked ready (its lock is
     let go already: another process may be waiting for its row to check a copy against), and (``placed``) a
-    placed fill (whose ``syncfs`` the batch would pay for)."""
+    placed fill (whose ``syncfs`` the batch would pay for) or a use (a DataLoader worker under a budget demotes each
+    sample it reads: a transaction each cost its reads about 100 us a sample)."""
     if any(item.answer is not None or isinstance(item.request, (Stop, Ready)) for item in items):
         return False
-    return not placed or any(isinstance(item.request, Placed) for item in items)
+    return not placed or any(isinstance(item.request, (Placed, Touch)) for item in items)
 
 
 def _flat(items: list[Queued]) -> list[Queued]:

@@ -201,6 +201,21 @@ def test_the_prefetcher_tops_its_window_up_a_whole_batch_at_a_time(tmp_path):
     assert all(cache.contains(source, e) for e in order) and pf.errors == []
 
 
+def test_the_prefetcher_passes_over_what_the_reader_needs_no_source_for_and_keeps_no_room_for_it(tmp_path):
+    """Entries for which ``needs_source`` is False (decode-once's cached records) are not fetched and take none of
+    the budget's room ahead: the window reaches as many fetched bytes past them as without them."""
+    source, order, _ = _gated_folder(tmp_path, 30, slow="none")
+    source.pause = 0
+    cache = Cache(tmp_path / "budget", max_bytes=1_000, min_free_bytes=0)  # 500 bytes ahead: five 100-byte files
+    with Prefetcher(source, cache, order, ahead=30, width=8, needs_source=lambda e: e.name >= "10") as pf:
+        pf.wait()
+        assert [cache.contains(source, e) for e in order] == [False] * 10 + [True] * 5 + [False] * 15
+        pf.advance(12)
+        pf.wait()
+        assert [cache.contains(source, e) for e in order[10:]] == [True] * 7 + [False] * 13
+    assert pf.errors == []
+
+
 def test_dataset_reads_through_cache_with_prefetching_sampler(lab, dataset, tmp_path):
     ds, source = dataset
     lab.set_profile(Profile("test-prefetch", 20, None))

@@ -91,8 +91,8 @@ class CachedDataset(Dataset):
             return self.cache.read_verified(self.source, entry)
         return self.cache.read_verified(decoded, decoded.entry(entry))
 
-    def wanted(self, entry: Entry) -> bool:
-        """Whether reading the entry's sample needs its object from the source unless cached: here always, so
+    def needs_source(self, entry: Entry) -> bool:
+        """Whether reading the entry's sample needs its object from the source, unless cached: here always, so
         the prefetching sampler fetches every entry ahead that is not cached."""
         return True
 
@@ -155,7 +155,7 @@ class CachedImageFolder(CachedDataset):
         self.decoded = DecodedImages(source, cache, decode_once) if decode_once else None
         super().__init__(source, cache)
 
-    def wanted(self, entry: Entry) -> bool:
+    def needs_source(self, entry: Entry) -> bool:
         """Whether reading the image will need its JPEG: decode-once needs none once its record is cached (a
         warm epoch's prefetching then fetches nothing, and under a budget does not bring evicted JPEGs back)."""
         return self.decoded is None or not self.cache.contains(self.decoded, self.decoded.entry(entry))
@@ -271,7 +271,7 @@ class PrefetchingSampler(Sampler[int]):
             return
         order = array("q", self.sampler)  # 8 bytes a sample, not a list of ints
         entries = _InOrder(self.dataset, order)
-        with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead, wanted=self.dataset.wanted) as pf:
+        with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead, needs_source=self.dataset.needs_source) as pf:
             self.prefetcher = pf
             for position, index in enumerate(order):
                 pf.advance(position)

@@ -173,24 +173,26 @@ class Prefetcher:
     ahead than half of ``max_bytes``, so that nothing filled is evicted before it is read.
 
     Call :meth:`advance` with the reader's position (or let :class:`~dataferry.CachedDataset`'s
-    prefetching sampler do it). Fills are queued in small batches, and a batch that finishes
-    queues the next one at once, so one slow object holds one slot, not the reader's whole
-    window: reads of prefetched items are cache hits, and a read of an item still downloading
-    waits for that one download instead of starting a second. An entry for which ``wanted(entry)`` is
-    False is passed over (its reader needs nothing from the source: decode-once's record of it is cached).
+    prefetching sampler do it). Fills are queued in small batches (``width // 8``), a whole one once the window
+    has room for it, and a batch that finishes queues more at once, so one slow object holds one slot, not the
+    reader's whole window: reads of prefetched items are cache hits, and a read of an item still downloading
+    waits for that one download instead of starting a second. An entry for which ``needs_source(entry)`` is
+    False is passed over, and takes no room ahead (its reader needs nothing from the source: decode-once's record
+    of it is cached).
     """
 
     def __init__(self, source: Source, cache: Cache, order: Sequence[Entry], ahead: int | None = None,
-                 width: int | None = None, wanted: Callable[[Entry], bool] | None = None) -> None:
-        self.source, self.cache, self.order, self.wanted = source, cache, order, wanted
+                 width: int | None = None, needs_source: Callable[[Entry], bool] | None = None) -> None:
+        self.source, self.cache, self.order, self.needs_source = source, cache, order, needs_source
         self.width = width or min(width_for(source), ahead or width_for(source))
         self.ahead = ahead or 4 * self.width
         self._batch = min(max(self.width // 8, 1), self.ahead)
         self._closed = False
         self._next = self._position = self._in_flight = 0
         self._due = 0  # the reader's position from which the window may have room for a batch
-        self._window = 0  # bytes of order[_position:_next]: filled or filling, not yet passed
         self._most = cache.max_bytes // 2 if cache.max_bytes is not None else None
+        self._window = 0  # under a budget: bytes of order[_position:_next] filled or filling, not yet passed
+        self._sizes: deque[int] = deque()  # ... and what each of those positions counts in it (0: passed over)
         self._lock = threading.RLock()  # a batch already done runs its callback inside add_done_callback
         self._topping = False
         self._futures: deque[Future] = deque()  # the fills in flight, not the epoch's
@@ -198,27 +200,29 @@ class Prefetcher:
 
     def advance(self, position: int) -> None:
         """The reader is at ``position`` in ``order``: queue what the window now allows. Called at every position,
-        it takes the lock only where the window has room for a whole batch (a warm epoch's reader then pays
-        about a microsecond a sample here)."""
+        it returns at once while the window has no room for a whole batch (a warm epoch's reader pays about a
+        microsecond a sample here); under a full budget, or with ``width`` fills in flight, it looks each time."""
         if position < self._due:
             return
         with self._lock:
-            if self._most is not None:  # the window's bytes matter under a budget only (an entry is made to know them)
-                for passed in range(self._position, min(position, self._next)):
-                    self._window -= self.order[passed].size
+            if self._most is not None:
+                for _ in range(self._position, min(position, self._next)):
+                    self._window -= self._sizes.popleft()
             self._position = max(self._position, position)
             self._top_up()
 
     def _top_up(self) -> None:
-        """Queue batches (under the lock) while fewer than ``width`` fills are in flight, each a whole batch
-        unless the order ends first (one fill ahead per sample read costs a warm epoch's reader more than the
-        read). A batch that is done at once calls back in here: it only frees its slots, and this loop goes on."""
+        """Queue batches (under the lock) while fewer than ``width`` fills are in flight: whole ones while the window
+        has room, shorter where ``width``, the budget or the order's end stops them (one fill ahead per sample read
+        cost a warm epoch's reader more than its read). A batch that is done at once calls back in here: it only
+        frees its slots, and this loop goes on."""
         if self._topping:
             return
         self._topping = True
         try:
             if self._next <= self._position:  # what the reader has passed, it read itself
                 self._next, self._window = self._position, 0
+                self._sizes.clear()
             stop = min(len(self.order), self._position + self.ahead)
             full = False  # stopped by the budget: any move of the reader may free room
             while not self._closed and self._next < stop and self._in_flight < self.width:
@@ -228,13 +232,17 @@ class Prefetcher:
                 batch = []
                 for i in range(self._next, end):
                     entry = self.order[i]
-                    if self._most is not None and self._window and self._window + entry.size > self._most:
-                        full = True
-                        break  # a window of one is allowed, however large
-                    self._window += entry.size
-                    if self.wanted is None or self.wanted(entry):
+                    needed = self.needs_source is None or self.needs_source(entry)
+                    if self._most is not None:
+                        size = entry.size if needed else 0
+                        if self._window and self._window + size > self._most:
+                            full = True
+                            break  # a window of one is allowed, however large
+                        self._window += size
+                        self._sizes.append(size)
+                    self._next = i + 1
+                    if needed:
                         batch.append(entry)
-                self._next = i + 1 if not full else i
                 if batch:
                     futures = self.cache.fill_later(self.source, batch, threads=self.width)
                     share = len(batch) // len(futures)

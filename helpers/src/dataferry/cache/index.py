@@ -288,9 +288,9 @@ class IndexWriter:
     Under a pool of staging threads, a write per fill serialises every fill behind the GIL: each
     sqlite call releases it, and taking it back can wait a whole switch interval. Here a batch
     of any size costs a handful of sqlite calls. Reservations wait for their answer; finished
-    fills and LRU times are fire-and-forget (a batch with a placed fill, and no request anyone waits for nor
-    fill marked ready, waits up to ``GATHER_S`` for more to share its ``syncfs``, their fill locks held
-    meanwhile), and each queued write holds its :class:`Index`, so a cache dropped (``stage(source,
+    fills and LRU times are fire-and-forget (a batch with a placed fill or a use, and no request anyone waits for
+    nor fill marked ready, waits up to ``GATHER_S`` for more to share its ``syncfs`` and its transaction, their
+    fill locks held meanwhile), and each queued write holds its :class:`Index`, so a cache dropped (``stage(source,
     Cache(...))``) or a process exiting meanwhile still applies them (a crash before they are written leaves rows
     that recovery completes at the next open).
     """

@@ -420,11 +420,11 @@ def test_the_index_writer_waits_for_more_fills_only_while_no_one_waits_on_it():
     from concurrent.futures import Future
 
     from dataferry.cache.index import _unhurried
-    from dataferry.cache.requests import Flush, Many, Placed, Queued, Ready, Reserve, Stop, Touch
+    from dataferry.cache.requests import Flush, Forget, Placed, Queued, Ready, Reserve, Stop, Touch
     placed, touch = Queued(Placed(None, "", "", None), None, None), Queued(Touch({}), None, None)
     assert _unhurried([placed, touch]) and _unhurried([touch]) and _unhurried([placed])
-    assert not _unhurried([Queued(Many([]), None, None)])
-    assert _unhurried([touch], placed=False)
+    assert not _unhurried([Queued(Forget("", 0), None, None)]), "nothing to gather"
+    assert _unhurried([touch], something_to_gather=False)
     for other in [Queued(Reserve(None), Future(), None), Queued(Flush(), Future(), None), Queued(Stop(), None, None),
                   Queued(Ready("", 0.0, ""), None, None)]:
         assert not _unhurried([placed, other]) and not _unhurried([touch, other]), other[0]

@@ -271,7 +271,8 @@ class PrefetchingSampler(Sampler[int]):
             return
         order = array("q", self.sampler)  # 8 bytes a sample, not a list of ints
         entries = _InOrder(self.dataset, order)
-        with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead, needs_source=self.dataset.needs_source) as pf:
+        needs_source = self.dataset.needs_source
+        with Prefetcher(self.dataset.source, self.dataset.cache, entries, self.ahead, needs_source=needs_source) as pf:
             self.prefetcher = pf
             for position, index in enumerate(order):
                 pf.advance(position)

@@ -355,7 +355,7 @@ class IndexWriter:
         with self._gate:
             if not self._stopped:
                 self._queue.put(item)
-                if not _unhurried(_flat([item]), placed=False):
+                if not _unhurried(_flat([item]), something_to_gather=False):
                     self._hurry.set()
                 return
         _settle(_flat([item]), _stopped_error())
@@ -542,14 +542,14 @@ def _file_id(path: Any) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _unhurried(items: list[Queued], placed: bool = True) -> bool:
+def _unhurried(items: list[Queued], something_to_gather: bool = True) -> bool:
     """Whether a batch may wait for more: no one waits for an answer, no stop, no fill marked ready (its lock is
-    let go already: another process may be waiting for its row to check a copy against), and (``placed``) a
-    placed fill (whose ``syncfs`` the batch would pay for) or a use (a DataLoader worker under a budget demotes each
-    sample it reads: a transaction each cost its reads about 100 us a sample)."""
+    let go already: another process may be waiting for its row to check a copy against), and
+    (``something_to_gather``) a placed fill (whose ``syncfs`` the batch would pay for) or a use (a DataLoader worker
+    under a budget demotes each sample it reads: a transaction each cost its reads about 100 us a sample)."""
     if any(item.answer is not None or isinstance(item.request, (Stop, Ready)) for item in items):
         return False
-    return not placed or any(isinstance(item.request, (Placed, Touch)) for item in items)
+    return not something_to_gather or any(isinstance(item.request, (Placed, Touch)) for item in items)
 
 
 def _flat(items: list[Queued]) -> list[Queued]:

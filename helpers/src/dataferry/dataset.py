@@ -73,23 +73,17 @@ class CachedDataset(Dataset):
     def _bytes(self, index: int, decoded: DecodedImages | None = None) -> bytes:
         """Sample ``index``'s bytes, checked; or, through ``decoded``, its pixels (decoded on first read)."""
         entry = self.entry(index)
+        source, read = _read_as(entry, self.source, decoded)
         try:
-            data = self._read(entry, decoded)
+            data = self.cache.read_verified(source, read)
         except ChangedAtSource:
             # Replaced since listing and not cached: read the current version rather than fail.
             self._replaced[range(len(self.entries))[index]] = entry = self.source.stat(entry.name)
-            data = self._read(entry, decoded)
+            source, read = _read_as(entry, self.source, decoded)
+            data = self.cache.read_verified(source, read)
         if self.cache.max_bytes is not None:  # under a budget: room comes from what this epoch has read
-            if decoded is None:
-                self.cache.demote(self.source, [entry])
-            else:
-                self.cache.demote(decoded, [decoded.entry(entry)])
+            self.cache.demote(source, [read])
         return data
-
-    def _read(self, entry: Entry, decoded: DecodedImages | None) -> bytes:
-        if decoded is None:
-            return self.cache.read_verified(self.source, entry)
-        return self.cache.read_verified(decoded, decoded.entry(entry))
 
     def needs_source(self, entry: Entry) -> bool:
         """Whether reading the entry's sample needs its object from the source, unless cached: here always, so
@@ -158,7 +152,7 @@ class CachedImageFolder(CachedDataset):
     def needs_source(self, entry: Entry) -> bool:
         """Whether reading the image will need its JPEG: decode-once needs none once its record is cached (a
         warm epoch's prefetching then fetches nothing, and under a budget does not bring evicted JPEGs back)."""
-        return self.decoded is None or not self.cache.contains(self.decoded, self.decoded.entry(entry))
+        return self.decoded is None or not self.cache.contains(*_read_as(entry, self.source, self.decoded))
 
     def refresh(self) -> None:
         """List the source again: classes, samples and targets follow what it holds now. Exactly as ImageFolder:
@@ -207,6 +201,11 @@ class CachedImageFolder(CachedDataset):
     def __repr__(self) -> str:
         return (f"<CachedImageFolder {len(self)} images in {len(self.classes)} classes from {self.source!r} "
                 f"via {self.cache.root}>")
+
+
+def _read_as(entry: Entry, source: Source, decoded: DecodedImages | None) -> tuple[Source, Entry]:
+    """What the cache reads for ``source``'s ``entry``: itself, or through ``decoded`` its decoded record."""
+    return (source, entry) if decoded is None else (decoded, decoded.entry(entry))
 
 
 def _no_valid_file(uri: str, empty: list[str], listed: list[Entry]) -> str:

@@ -315,13 +315,12 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                     return _loader(InMemoryImages(decoded, once.targets, augment()), width, batch)
 
                 pipelines.append((LIMIT, f"pixels@{DECODED_SIZE}", limit))
-                if width == widths[-1]:  # decode-once's cache, a budget twice what it holds: no eviction, each read demotes
+                if width == widths[-1]:  # the peers, and decode-once under a budget twice what it holds (each read demotes)
                     room = 2 * (len(once) * once.decoded.sample_bytes + once.total_bytes)
                     budgeted = CachedImageFolder(GCSSource(bucket.name, "flowers/", client),
                                                  Cache(work / f"c-{width}-once", max_bytes=room), transform=augment(),
                                                  decode_once=DECODED_SIZE)
                     pipelines.append((BUDGETED, f"pil@{DECODED_SIZE}", functools.partial(_loader, budgeted, width, batch)))
-                if width == widths[-1]:
                     pipelines += _peers(local, work, width, batch, say)
                 _interleaved(pipelines, compute, repeats, functools.partial(row, width=width))
                 gc.collect()  # litdata's loaders live in a reference cycle: their workers end here, not in a later epoch

@@ -174,9 +174,8 @@ class Prefetcher:
 
     Call :meth:`advance` with the reader's position (or let :class:`~dataferry.CachedDataset`'s
     prefetching sampler do it). Fills are queued in small batches (``width // 8``, at least 1, at most ``ahead``),
-    a whole one once the window
-    has room for it, and a batch that finishes queues more at once, so one slow object holds one slot, not the
-    reader's whole window: reads of prefetched items are cache hits, and a read of an item still downloading
+    a whole one once the window has room for it, and a batch that finishes queues more at once, so one slow object
+    holds one slot, not the reader's whole window: reads of prefetched items are cache hits, and a read of an item still downloading
     waits for that one download instead of starting a second. An entry for which ``needs_source(entry)`` is
     False is passed over, and takes no room ahead (its reader needs nothing from the source: decode-once's record
     of it is cached).
@@ -222,9 +221,8 @@ class Prefetcher:
             return
         self._topping = True
         try:
-            if self._next <= self._position:  # what the reader has passed, it read itself
-                self._next, self._window = self._position, 0
-                self._sizes.clear()
+            if self._next <= self._position:  # what the reader has passed, it read itself (advance took its bytes off)
+                self._next = self._position
             stop = min(len(self.order), self._position + self.ahead)
             full = False  # stopped by the budget: any move of the reader may free room
             while not self._closed and self._next < stop and self._in_flight < self.width:

@@ -21,14 +21,14 @@ def _download_rate(lab, bucket, name):
     return n / (time.perf_counter() - t0) / MB
 
 
-def _small_request_s(lab, bucket, name, n=5):
+def _small_request_s(lab, bucket, name, n=5, stat=statistics.median):
     client = lab.client()
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
         client.bucket(bucket).blob(name).download_as_bytes()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return stat(times)
 
 
 @pytest.fixture
@@ -53,7 +53,9 @@ def test_cross_continent_profile_is_20_MBps(lab, objects):
 
 
 def test_latency_profile_adds_at_least_its_latency_and_switching_changes_it(lab, objects):
-    base = _small_request_s(lab, objects, "small.bin")
+    # The unshaped request's fastest time: a median's noise once came to more than the slack
+    # between a shaped median and base + latency (43.3 ms against 3.6 + 40).
+    base = _small_request_s(lab, objects, "small.bin", stat=min)
     lab.set_profile(Profile("test-150ms", 150, None))
     slow = _small_request_s(lab, objects, "small.bin")
     assert slow - base >= 0.150

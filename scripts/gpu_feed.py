@@ -6,10 +6,12 @@
    times pinned vs pageable host-to-device copies of one ResNet-50 batch;
 2. trains ResNet-50 for real on the lab's flower JPEGs (real labels, five classes, a local folder as the
    source): torchvision's ``ImageFolder`` on that folder, then ``compare_decoders`` through the cache
-   (PIL, PIL's draft mode, torchvision's CPU decoder, the GPU decoding each batch, decode-once), AU
+   (PIL, PIL's draft mode, torchvision's CPU decoder, the GPU decoding each batch, decode-once, decode-once's
+   pixels cropped on the GPU), AU
    counted as MLPerf Storage counts it (the images at the compute-only rate over wall time); then the
    PIL loop once more into the emulator with the profile just measured, to check its AU against the real one;
-   then PIL and the GPU decoding with as few workers as a Colab runtime has vCPUs;
+   then PIL, the GPU decoding, decode-once and decode-once cropped on the GPU with as few workers as a Colab
+   runtime has vCPUs;
 3. times epoch 1 through the cache from a folder against plain reads of it, bytes only, at several
    DataLoader worker counts.
 Prints tables and writes JSON.
@@ -98,7 +100,7 @@ def main() -> None:
                                     say=lambda s: print(s, flush=True)):
             rows.append({**row, "compute": "emulated"})
         for row in compare_decoders(source, work / "few", real, workers=args.few_workers, batch_size=args.batch,
-                                    epochs=args.epochs, decoders=["pil", "gpu"], decode_once=None,
+                                    epochs=args.epochs, decoders=["pil", "gpu"],
                                     say=lambda s: print(s, flush=True)):
             rows.append({**row, "decoder": f"{row['decoder']}, {args.few_workers} workers", "compute": "real"})
         out["rows"] = rows

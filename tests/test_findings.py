@@ -705,6 +705,25 @@ def test_decode_once_is_said_to_crop_and_flip_where_the_others_decode():
     assert any(s.startswith("For pil, decode-once@256, 2 workers could decode (decode-once: crop and flip;") for s in said)
 
 
+@pytest.mark.parametrize("decoder", ["gpu", "decode-once@256 gpu"])
+def test_a_row_that_works_on_the_gpu_has_no_one_core_cost_to_judge(decoder):
+    """The gpu rows' costs are the GPU's per image in a batch, not a CPU core's: no ceiling from workers x cost
+    is said of them, either way; a CPU decoder with the same figures is judged."""
+    import pandas as pd
+
+    from dataferry.course.findings import au
+
+    for d, judged in ((decoder, False), ("torchvision", True)):
+        rows = pd.DataFrame([{"decoder": n, "epoch": e, "samples_per_s": rate, "au": 0.3, "decode_ms_per_sample": ms}
+                             for n, rate, ms in (("pil", 200, 4.0), (d, 400, 20.0)) for e in range(1, 4)])
+        said = au.decoding(rows, 2, 2, "an emulated V100", "lab:x").sentences
+        assert any(s.startswith(f"{d}'s one-core cost") for s in said) is judged, d
+        rows["decode_ms_per_sample"] = rows["decode_ms_per_sample"].where(rows["decoder"] == "pil", 0.1)
+        said = au.decoding(rows, 2, 2, "an emulated V100", "lab:x").sentences
+        slack = [s[len("For "):s.index(", 2 workers could")].split(", ") for s in said if ", 2 workers could" in s]
+        assert slack and "pil" in slack[0] and (d in slack[0]) is judged, (d, slack)
+
+
 @pytest.mark.parametrize("region, heading", [("lab:same-continent", "lab:same-continent"),
                                              ("us-central1", "region us-central1"),
                                              ("unknown", "region not found")])

@@ -340,6 +340,66 @@ def test_decode_on_device_gives_each_batch_the_pictures_and_targets_the_cpu_deco
         next(iter(DecodeOnDevice([(torch.zeros(2, 3, 8, 8), torch.zeros(2))], 48, "cpu")))  # a decoded batch
 
 
+def _pixels_shared(batch):
+    """collate_pixels, and whether it made the batch's pixels in shared memory (a module-level function: picklable)."""
+    from dataferry.decode import collate_pixels
+
+    return collate_pixels(batch)[0].is_shared()
+
+
+def test_crop_on_device_crops_decode_once_pixels_the_workers_only_read(tmp_path):
+    """Decode-once without a transform: the workers read and check each record and hand over its pixels, every
+    image of a batch end to end in one tensor made in shared memory; CropOnDevice crops each on the device (here the
+    CPU: the code a CUDA runtime runs with device='cuda'). Under fork and spawn every image arrives as read, in the
+    DataLoader's order, with its target; the whole image as the crop matches torchvision's antialiased resize of the
+    same pixels to a few levels. A batch of the other kind, or a sample transformed already, is refused in one line."""
+    from torchvision.transforms import v2
+
+    from dataferry.decode import CropOnDevice, DecodeOnDevice, collate_encoded, collate_pixels
+
+    TEST.write_to(tmp_path)
+    ds = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0), decode_once=64)
+    whole = {"scale": (1.0, 1.0), "ratio": (0.1, 10.0)}  # no draw fits: the whole image
+    for context in ("fork", "spawn"):
+        loader = DataLoader(ds, batch_size=16, num_workers=2, collate_fn=collate_pixels, multiprocessing_context=context)
+        seen = 0
+        for data, shapes, targets in loader:
+            images = CropOnDevice([], device="cpu").images(data, shapes)
+            for j, image in enumerate(images):
+                read = pixels(ds._bytes(seen + j, ds.decoded))
+                assert torch.equal(image, read) and targets[j] == ds.targets[seen + j]
+            seen += len(images)
+        assert seen == 100
+        batches = CropOnDevice(loader, size=48, device="cpu", flip=False, **whole)
+        assert len(batches) == 7
+        seen = 0
+        for x, y in batches:
+            assert x.dtype == torch.uint8 and x.shape == (len(y), 3, 48, 48)
+            for j in range(len(y)):
+                assert y[j] == ds.targets[seen + j]
+                theirs = v2.functional.resize(pixels(ds._bytes(seen + j, ds.decoded)), [48, 48], antialias=True)
+                assert (x[j].int() - theirs.int()).abs().float().mean() < 4, ds.samples[seen + j][0]
+            seen += len(y)
+        assert seen == 100
+    assert [shared for shared in DataLoader(ds, batch_size=50, num_workers=2, collate_fn=_pixels_shared)] == [True, True]
+    assert DataLoader(ds, batch_size=50, collate_fn=_pixels_shared).__iter__().__next__() is False, "no worker: no need"
+    augmented = next(iter(CropOnDevice(DataLoader(ds, batch_size=16, collate_fn=collate_pixels), 48, "cpu")))[0]
+    assert augmented.shape == (16, 3, 48, 48) and augmented.dtype == torch.uint8, "a random crop of 48 by default"
+    pixel_batch = collate_pixels([ds[0], ds[1]])
+    with pytest.raises(BadArgument, match="DecodeOnDevice takes batches of .*collate_fn=collate_encoded"):
+        next(iter(DecodeOnDevice([pixel_batch], 48, "cpu")))
+    encoded_batch = collate_encoded([(torch.zeros(5, dtype=torch.uint8), 0)])
+    with pytest.raises(BadArgument, match="CropOnDevice takes batches of .*collate_fn=collate_pixels"):
+        next(iter(CropOnDevice([encoded_batch], 48, "cpu")))
+    transformed = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0),
+                                    decode_once=64, transform=v2.ToDtype(torch.float32, scale=True))
+    with pytest.raises(BadArgument, match=r"not a torch.float32 tensor of \(3, 64, \d+\): give the dataset "
+                                          "decode_once and no transform"):
+        collate_pixels([transformed[0]])
+    with pytest.raises(BadArgument, match=r"not a PIL\.Image\.Image: give the dataset decode_once and no transform"):
+        collate_pixels([(Image.new("RGB", (8, 8)), 0)])
+
+
 def test_a_crop_at_a_small_images_edge_is_that_images_pixels_whatever_else_is_in_the_batch():
     """A box touching the right and bottom edges of an image smaller than another in its batch, enlarged:
     the same pixels as torchvision's resized_crop of that image alone (no black from a padded batch), but for
@@ -360,7 +420,8 @@ def test_a_crop_at_a_small_images_edge_is_that_images_pixels_whatever_else_is_in
 
 def test_compare_decoders_adds_the_gpu_row_when_the_compute_trains_on_cuda(tmp_path):
     """A compute that says it trains on CUDA gets the 'gpu' decoder by default: its workers read bytes and
-    DecodeOnDevice decodes on the compute's device (here a stand-in whose device is the CPU: no GPU here)."""
+    DecodeOnDevice decodes on the compute's device (here a stand-in whose device is the CPU: no GPU here); with
+    decode-once, a row whose workers read its pixels and CropOnDevice crops them there."""
     from dataferry.harness.bench.decoders import compare_decoders
     from dataferry.harness.feed import PROFILES, EmulatedCompute
 
@@ -375,6 +436,14 @@ def test_compare_decoders_adds_the_gpu_row_when_the_compute_trains_on_cuda(tmp_p
     gpu = [r for r in rows if r["decoder"] == "gpu"]
     assert all(r["samples_per_s"] * r["epoch_s"] == pytest.approx(len(names)) and r["decode_ms_per_sample"] > 0
                for r in gpu)
+    # With decode-once, its pixels cropped on the device too (CropOnDevice): epoch 1 reads what decode-once cached.
+    rows = compare_decoders(LocalSource(tmp_path / "photos" / "test"), tmp_path / "work2", OnCuda(PROFILES["resnet50-v100-amp"]),
+                            workers=0, batch_size=10, epochs=2, decoders=["gpu"], decode_once=64, names=names,
+                            say=lambda s: None)
+    assert [r["decoder"] for r in rows] == [d for d in ("gpu", "decode-once@64", "decode-once@64 gpu") for _ in (1, 2)]
+    assert [r["cache_state"].split(",")[0] for r in rows[2:]] == ["decoding into the cache"] + ["cache warm"] * 3
+    assert all(r["samples_per_s"] * r["epoch_s"] == pytest.approx(len(names)) and r["decode_ms_per_sample"] > 0
+               for r in rows)
 
 
 def test_random_boxes_are_random_resized_crops_drawn_for_a_whole_batch():

@@ -159,7 +159,7 @@ def test_the_public_data_sets_are_read_from_the_shipped_manifests():
 #: The library a training script imports: every module at the top of the package is one of these, or one of the
 #: two blocks above it (``harness``, ``course``).
 LIBRARY = {"__init__", "errors", "host", "progress", "aio", "gcs_media", "sources", "mounts", "cache", "staging", "dataset",
-           "decode", "crops", "shards", "checkpoints"}
+           "decode", "ondevice", "crops", "shards", "checkpoints"}
 BLOCKS = {"library": 0, "harness": 1, "course": 2}
 PACKAGE = ROOT / "helpers" / "src" / "dataferry"
 

@@ -11,10 +11,9 @@ as an entry like any other: verified by CRC32C, under the budget, and keyed by t
 version and the decoding's identity, so a changed image or another ``size`` is decoded afresh.
 Random crops and flips then run on the tensor (cheap), not on the JPEG.
 
-With a GPU, the decoding can leave the CPU altogether: workers hand over the JPEG's bytes
-(:func:`encoded`, batched by :func:`collate_encoded`) and :class:`DecodeOnDevice` decodes each batch in
-one call on the GPU (``torchvision.io.decode_jpeg``, nvJPEG), then crops, resizes and flips each image
-there.
+With a GPU, the work can leave the CPU altogether (:mod:`dataferry.ondevice`, its names importable from here
+too): workers hand over the JPEG's bytes and :class:`DecodeOnDevice` decodes and crops each batch on the GPU, or
+they hand over decode-once's pixels and :class:`CropOnDevice` crops them there.
 """
 
 from __future__ import annotations
@@ -31,11 +30,12 @@ from typing import Any, BinaryIO
 
 from dataferry.cache import Cache
 from dataferry.errors import BadArgument, DataferryError
+from dataferry.ondevice import CropOnDevice, DecodeOnDevice, collate_encoded, collate_pixels, encoded, random_boxes
 from dataferry.sources import Entry, Source, where
 
-__all__ = ["BadImage", "image_errors", "DECODERS", "DecodeOnDevice", "DecodedImages", "collate_encoded", "decode_image", "encoded", "pil_loader",
-           "has_torchcodec_images", "pil_reduced", "pixels", "random_boxes", "record_bytes", "torchcodec_decode",
-           "torchvision_decode"]
+__all__ = ["BadImage", "image_errors", "DECODERS", "CropOnDevice", "DecodeOnDevice", "DecodedImages", "collate_encoded",
+           "collate_pixels", "decode_image", "encoded", "pil_loader", "has_torchcodec_images", "pil_reduced", "pixels",
+           "random_boxes", "record_bytes", "torchcodec_decode", "torchvision_decode"]
 
 _VERSION = 2  # of the decoding below: a change to it must change every derived key
 
@@ -119,124 +119,6 @@ DECODERS: dict[str, Callable[[bytes], Any]] = {"pil": pil_loader, "pil-reduced":
                                                "torchvision": torchvision_decode}
 if has_torchcodec_images():
     DECODERS["torchcodec"] = torchcodec_decode
-
-
-def encoded(data: bytes) -> Any:
-    """A JPEG's bytes, undecoded, as a 1-D uint8 tensor: the ``loader`` for :class:`DecodeOnDevice`. Refuses
-    anything else (nvJPEG decodes JPEGs only) with :class:`~dataferry.BadArgument`."""
-    import torch
-
-    if data[:2] != b"\xff\xd8":
-        raise BadArgument(f"an image that is not a JPEG (it starts {data[:4]!r}): DecodeOnDevice decodes JPEGs only; "
-                          "use a CPU decoder from DECODERS for other formats")
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def collate_encoded(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
-    """A DataLoader's ``collate_fn`` for :func:`encoded` images: ``(bytes, lengths, targets)``, the images'
-    bytes end to end in one uint8 tensor, so a batch crosses from a worker in one piece of shared memory
-    and is pinned in one allocation (a list of 256 tensors took 256 of each)."""
-    import torch
-
-    images, targets = zip(*batch)
-    return torch.cat(images), torch.tensor([len(i) for i in images]), torch.as_tensor(targets)
-
-
-def _check_crop(scale: tuple[float, float], ratio: tuple[float, float], tries: int = 1) -> None:
-    if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1] and tries >= 1):
-        raise BadArgument(f"scale={scale!r}, ratio={ratio!r}, tries={tries!r}: give 0 < scale low <= high <= 1, "
-                          "0 < ratio low <= high and tries >= 1")
-
-
-def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3), tries: int = 10) -> Any:
-    """``RandomResizedCrop``'s boxes for a whole batch at once: ``sizes`` is an ``N x 2`` tensor of (width,
-    height); returns ``N x 4`` (x0, y0, x1, y1) in pixels. Each image's box covers ``scale`` of its area
-    with an aspect ratio in ``ratio`` (log-uniform), the first of ``tries`` draws that fits, else the
-    largest centred box within ``ratio``: torchvision's rule, drawn for every image in one go."""
-    import math
-
-    import torch
-
-    _check_crop(scale, ratio, tries)
-    w, h = sizes[:, :1].double(), sizes[:, 1:].double()
-    n = len(sizes)
-    area = w * h * torch.empty(n, tries, dtype=torch.float64).uniform_(*scale)
-    r = torch.exp(torch.empty(n, tries, dtype=torch.float64).uniform_(math.log(ratio[0]), math.log(ratio[1])))
-    cw, ch = torch.sqrt(area * r).round(), torch.sqrt(area / r).round()
-    fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
-    first = fits.double().argmax(1, keepdim=True)
-    found = fits.any(1, keepdim=True)
-    aspect = w / h  # no draw fitted: the whole image, cut to the nearest ratio allowed
-    fw = torch.where(aspect > ratio[1], (h * ratio[1]).round(), w)
-    fh = torch.where(aspect < ratio[0], (w / ratio[0]).round(), h)
-    cw = torch.where(found, cw.gather(1, first), fw)
-    ch = torch.where(found, ch.gather(1, first), fh)
-    x0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (w - cw + 1)).floor(), ((w - cw) / 2).floor())
-    y0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (h - ch + 1)).floor(), ((h - ch) / 2).floor())
-    return torch.cat([x0, y0, x0 + cw, y0 + ch], 1)
-
-
-class DecodeOnDevice:
-    """Batches of encoded JPEGs from ``loader`` (a DataLoader over a dataset whose ``loader`` is
-    :func:`encoded`, with ``collate_fn=collate_encoded``), decoded on ``device`` in one call per batch
-    (``torchvision.io.decode_jpeg``: nvJPEG on a CUDA device), then cropped and resized as
-    ``RandomResizedCrop(size, scale, ratio)`` does (``torchvision.ops.roi_align`` on each image: one kernel
-    that averages the pixels each output pixel covers, the image's own edge repeated past it; along a box
-    edge inside the image it interpolates with the pixels beyond, where torchvision repeats the edge), and
-    flipped at random (``flip``): ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only
-    read bytes. Iterate it once per epoch, as the DataLoader::
-
-        ds = CachedImageFolder(source, cache, loader=encoded)
-        batches = DecodeOnDevice(DataLoader(ds, batch_size=256, num_workers=2, collate_fn=collate_encoded))
-        for x, y in batches: ...
-    """
-
-    def __init__(self, loader: Any, size: int = 224, device: str = "cuda", *, scale: tuple[float, float] = (0.08, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True) -> None:
-        if type(size) is not int or not 16 <= size <= 4096:
-            raise BadArgument(f"size={size!r}: give the crop's side in pixels, 16 to 4096 (e.g. 224)")
-        _check_crop(scale, ratio)
-        import torch
-
-        self.loader, self.size, self.device = loader, size, torch.device(device)
-        self.scale, self.ratio, self.flip = scale, ratio, flip
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        for batch in self.loader:
-            if not (isinstance(batch, (tuple, list)) and len(batch) == 3):
-                raise BadArgument("DecodeOnDevice takes batches of (bytes, lengths, targets): give its DataLoader "
-                                  "collate_fn=collate_encoded, over a dataset whose loader is encoded")
-            data, lengths, targets = batch
-            decoded = decode_jpeg(list(data.split(lengths.tolist())), mode=ImageReadMode.RGB, device=self.device)
-            yield self.crop(decoded), targets.to(self.device, non_blocking=True)
-
-    def crop(self, images: list[Any], boxes: Any = None) -> Any:
-        """Decoded ``3 x H x W`` uint8 images (on the device) -> one ``N x 3 x size x size`` uint8 batch: each
-        image's box (``boxes``, ``N x 4`` (x0, y0, x1, y1) in pixels; default :func:`random_boxes`) resized
-        to ``size`` x ``size``, then flipped at random if ``flip``."""
-        import torch
-        from torchvision.ops import roi_align
-
-        if boxes is None:
-            boxes = random_boxes(torch.tensor([[img.shape[-1], img.shape[-2]] for img in images]), self.scale, self.ratio)
-        rois = torch.cat([torch.zeros(len(images), 1, dtype=torch.float64), boxes.double()], 1)
-        rois = rois.to(self.device, torch.float32)
-        out = torch.empty(len(images), 3, self.size, self.size, dtype=torch.float32, device=self.device)
-        for i, img in enumerate(images):  # one image at a time: another image's size never pads this one
-            out[i] = roi_align(img[None].float(), rois[i:i + 1], self.size, sampling_ratio=-1, aligned=True)[0]
-        if self.flip:
-            mirror = (torch.rand(len(images)) < 0.5).to(self.device)
-            out = torch.where(mirror[:, None, None, None], out.flip(-1), out)
-        return out.round_().clamp_(0, 255).to(torch.uint8)
-
-    def __repr__(self) -> str:
-        return f"<DecodeOnDevice {self.size}px on {self.device}>"
 
 
 #: A decoded image's record: a header (``DFP1``, height, width), its pixels (height x width x 3 uint8, row-major,

@@ -100,7 +100,7 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
     """``rows``: :func:`dataferry.harness.bench.decoders.compare_decoders`'s, per decoder and epoch; epochs after the
     first are compared. A one-core cost that implies fewer images/s than the loop ran is a measurement error,
     said as such."""
-    from dataferry.harness.bench.decoders import decoder_gains
+    from dataferry.harness.bench.decoders import decoder_gains, on_gpu
 
     where = where_said(where)
 
@@ -114,7 +114,7 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
             f"{au['pil']:.0%}."]
     for d in rate.index:
         ceiling = workers * 1000 / ms[d]
-        if d != "gpu" and ceiling < 0.95 * rate[d]:
+        if not on_gpu(d) and ceiling < 0.95 * rate[d]:
             said.append(f"{d}'s one-core cost, {ms[d]:.2f} ms, allows at most {ceiling:.0f} images/s from {workers} "
                         f"workers, yet the loop ran at {rate[d]:.0f}: a measurement error in that cost (the machine was "
                         "busier while it was timed); its cost is not used below.")
@@ -128,7 +128,7 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
     said.append(f"The fastest was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "") + ": "
                 + ("it kept the accelerator busy at least 90% of the time." if au[best] >= 0.9 else
                    f"even so the accelerator waited {1 - au[best]:.0%} of the time, every image already on local disk."))
-    slack = [d for d in rate.index if d != "gpu" and workers * 1000 / ms[d] > 2 * rate[d]]
+    slack = [d for d in rate.index if not on_gpu(d) and workers * 1000 / ms[d] > 2 * rate[d]]
     if slack:
         what = " (decode-once: crop and flip; it decodes nothing after epoch 1)" if any(
             d.startswith("decode-once") for d in slack) else ""

@@ -8,7 +8,8 @@ and a flip), a real ``DataLoader`` with ``workers`` processes, into ``compute`` 
 or a real model). Decode-once (:class:`~dataferry.decode.DecodedImages`) runs last: its first epoch
 decodes into the cache, later ones crop the decoded pixels. When ``compute`` trains on a CUDA GPU, a
 ``gpu`` row runs too: the workers only read bytes and the GPU decodes each batch
-(:class:`~dataferry.decode.DecodeOnDevice`). Each row is one epoch: samples/s, AU, the share of wall time
+(:class:`~dataferry.ondevice.DecodeOnDevice`); and, with decode-once, a ``decode-once@<size> gpu`` row: the workers
+only read decode-once's pixels and the GPU crops them (:class:`~dataferry.ondevice.CropOnDevice`). Each row is one epoch: samples/s, AU, the share of wall time
 the step waited for data, the cache state, and the decoder's milliseconds per image on one core (read
 from the page cache, decode, augment; for ``gpu``, on the GPU in a batch).
 """
@@ -26,17 +27,24 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dataferry.cache import Cache
-from dataferry.decode import DECODERS, DecodedImages, DecodeOnDevice, collate_encoded, decode_image, encoded, pixels
+from dataferry.decode import DECODERS, DecodedImages, decode_image, pixels
+from dataferry.ondevice import CropOnDevice, DecodeOnDevice, collate_encoded, collate_pixels, encoded
 from dataferry.errors import BadArgument
 from dataferry.sources import Source
 
 __all__ = ["COST_ROUNDS", "GPU", "STAGES", "augment", "compare_decoders", "decode_ms", "decoder_gains",
-           "device_decode_ms", "interleaved_costs", "interleaved_runs", "stage_us"]
+           "device_crop_ms", "device_decode_ms", "interleaved_costs", "interleaved_runs", "on_gpu", "stage_us"]
 
 T = TypeVar("T")
 
 #: The decoder name of decoding on the GPU (:class:`~dataferry.decode.DecodeOnDevice`), beside :data:`DECODERS`.
 GPU = "gpu"
+
+
+def on_gpu(decoder: str) -> bool:
+    """Whether a row of :func:`compare_decoders` crops on the GPU (``gpu``, ``decode-once@256 gpu``): its
+    ``decode_ms_per_sample`` is the GPU's, per image of a batch, not a CPU core's."""
+    return decoder == GPU or decoder.endswith(f" {GPU}")
 
 
 def augment(crop: int = 224) -> Any:
@@ -92,18 +100,26 @@ def stage_us(read: Callable[[int], Any], decode: Callable[[Any], Any], transform
 
 def device_decode_ms(blobs: Sequence[bytes], crop: int = 224, device: str = "cuda") -> float:
     """Milliseconds per image to decode ``blobs`` (JPEGs) in one batch on ``device`` and crop and flip each
-    there (:class:`~dataferry.decode.DecodeOnDevice`); one untimed batch first."""
+    there (:class:`~dataferry.ondevice.DecodeOnDevice`); one untimed batch first."""
+    return _device_ms(DecodeOnDevice([collate_encoded([(encoded(data), 0) for data in blobs])], crop, device), len(blobs))
+
+
+def device_crop_ms(records: Sequence[bytes], crop: int = 224, device: str = "cuda") -> float:
+    """Milliseconds per image to move decode-once's ``records`` in one batch to ``device`` and crop and flip each
+    there (:class:`~dataferry.ondevice.CropOnDevice`); one untimed batch first."""
+    return _device_ms(CropOnDevice([collate_pixels([(pixels(r), 0) for r in records])], crop, device), len(records))
+
+
+def _device_ms(on_device: CropOnDevice, images: int) -> float:
     import torch
 
-    batch = [(encoded(data), 0) for data in blobs]
-    on_device = DecodeOnDevice([collate_encoded(batch)], crop, device)
     sync = torch.cuda.synchronize if on_device.device.type == "cuda" else (lambda: None)
     for _ in range(2):
         sync()
         t0 = time.perf_counter()
         next(iter(on_device))
         sync()
-    return (time.perf_counter() - t0) / len(blobs) * 1e3
+    return (time.perf_counter() - t0) / images * 1e3
 
 
 #: How many times each decoder's cost on one core is measured, in turns.
@@ -188,14 +204,20 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
         runs[name].decoded = DecodedImages(source, cache, decode_once)
         decoded = [decode_image(data, decode_once) for data in blobs]
         cost_of[name] = functools.partial(decode_ms, decoded, pixels, tf)
+        if GPU in decoders:  # the workers read the pixels decode-once keeps; CropOnDevice crops them on the GPU
+            runs[f"{name} {GPU}"] = copy.copy(runs[name])
+            runs[f"{name} {GPU}"].transform = None
+            cost_of[f"{name} {GPU}"] = functools.partial(device_crop_ms, decoded, crop, str(compute.device))
     ms_per_image = interleaved_costs(cost_of, COST_ROUNDS, seed)
+    # what the workers hand over, and what crops it on the GPU, for the rows that crop there
+    on_device = {GPU: (collate_encoded, DecodeOnDevice), f"decode-once@{decode_once} {GPU}": (collate_pixels, CropOnDevice)}
     who = compute.profile.name if hasattr(compute, "profile") else repr(compute)
     rows: list[dict[str, Any]] = []
     for name, ds in runs.items():
         states: list[str] = []
 
-        def drop_page_cache(epoch: int, ds: Any = ds) -> None:
-            if ds.decoded is not None and epoch == 1:
+        def drop_page_cache(epoch: int, ds: Any = ds, decodes: bool = name == f"decode-once@{decode_once}") -> None:
+            if decodes and epoch == 1:
                 states.append("decoding into the cache")
                 return
             files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if ds.decoded is not None else
@@ -204,11 +226,12 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
             states.append(f"cache warm, page cache {'dropped' if dropped else 'not fully dropped'}")
 
         sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
+        collate, crops_on_device = on_device.get(name, (None, None))
         loader: Any = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                                 persistent_workers=workers > 0, collate_fn=collate_encoded if name == GPU else None,
+                                 persistent_workers=workers > 0, collate_fn=collate,
                                  pin_memory=on_cuda and torch.cuda.is_available())
-        if name == GPU:
-            loader = DecodeOnDevice(loader, crop, str(compute.device))
+        if crops_on_device is not None:
+            loader = crops_on_device(loader, crop, str(compute.device))
         for report in feed(loader, compute, epochs=epochs, before_epoch=drop_page_cache):
             rows.append({"decoder": name, "epoch": report.epoch, "samples_per_s": report.samples_per_s, "au": report.au,
                          "steady_au": report.steady_au,

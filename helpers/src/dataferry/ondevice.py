@@ -1,0 +1,200 @@
+"""Augmenting on the GPU: the DataLoader's workers only read, and each batch is cropped, resized and flipped on the
+device, in one place for the whole batch.
+
+On a GPU runtime with few CPUs (Colab's have 2), what the workers do per image decides the feed. Two ways to take
+work off them, each a collate function for the DataLoader and a wrapper around it:
+
+- the JPEGs themselves (:func:`encoded`, :func:`collate_encoded`, :class:`DecodeOnDevice`): each batch decoded on
+  the GPU in one call (nvJPEG), then cropped;
+- decode-once's pixels (``CachedImageFolder(..., decode_once=256)`` without a ``transform``, :func:`collate_pixels`,
+  :class:`CropOnDevice`): the images were decoded once into the cache; the workers read and check each record, and
+  the random resized crop, most of what is left of a sample's time in a worker (``make bench-train`` prints the
+  stages), runs on the GPU.
+
+Both crop each image as ``RandomResizedCrop(size, scale, ratio)`` draws its box (:func:`random_boxes`) and flip it at
+random, giving ``N x 3 x size x size`` uint8 batches on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from dataferry.errors import BadArgument
+
+__all__ = ["CropOnDevice", "DecodeOnDevice", "collate_encoded", "collate_pixels", "encoded", "random_boxes"]
+
+
+def encoded(data: bytes) -> Any:
+    """A JPEG's bytes, undecoded, as a 1-D uint8 tensor: the ``loader`` for :class:`DecodeOnDevice`. Refuses
+    anything else (nvJPEG decodes JPEGs only) with :class:`~dataferry.BadArgument`."""
+    import torch
+
+    if data[:2] != b"\xff\xd8":
+        raise BadArgument(f"an image that is not a JPEG (it starts {data[:4]!r}): DecodeOnDevice decodes JPEGs only; "
+                          "use a CPU decoder from DECODERS for other formats")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def collate_encoded(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
+    """A DataLoader's ``collate_fn`` for :func:`encoded` images: ``(bytes, lengths, targets)``, the images'
+    bytes end to end in one uint8 tensor, so a batch crosses from a worker in one piece of shared memory
+    and is pinned in one allocation (a list of 256 tensors took 256 of each)."""
+    import torch
+
+    images, targets = zip(*batch)
+    return torch.cat(images), torch.tensor([len(i) for i in images]), torch.as_tensor(targets)
+
+
+def collate_pixels(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
+    """A DataLoader's ``collate_fn`` for decode-once samples as they are read (``3 x H x W`` uint8, each image its
+    own size): ``(pixels, shapes, targets)``, every image's pixels (``H x W x 3``, as the record stores them) end to
+    end in one uint8 tensor, ``shapes`` ``N x 2`` (height, width). In a worker the tensor is made in shared memory,
+    as ``default_collate`` makes its batches: the batch crosses to the main process in one piece, copied once."""
+    import torch
+    from torch.utils.data import get_worker_info
+
+    images, targets = zip(*batch)
+    for image in images:
+        if not (isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.ndim == 3
+                and image.shape[0] == 3):
+            kind = type(image)
+            what = (f"a {image.dtype} tensor of {tuple(image.shape)}" if isinstance(image, torch.Tensor) else
+                    f"a {kind.__qualname__ if kind.__module__ == 'builtins' else f'{kind.__module__}.{kind.__qualname__}'}")
+            raise BadArgument(f"collate_pixels takes decode-once samples as they are read (3 x H x W uint8), not "
+                              f"{what}: give the dataset decode_once and no transform (CropOnDevice crops on the device)")
+    flat = [image.permute(1, 2, 0).reshape(-1) for image in images]  # a view: pixels() keeps them channels-last
+    out = None
+    if get_worker_info() is not None:
+        numel = sum(f.numel() for f in flat)
+        out = flat[0].new(flat[0]._typed_storage()._new_shared(numel, device="cpu")).resize_(numel)
+    return (torch.cat(flat, out=out), torch.tensor([tuple(image.shape[1:]) for image in images]),
+            torch.as_tensor(targets))
+
+
+def _check_crop(scale: tuple[float, float], ratio: tuple[float, float], tries: int = 1) -> None:
+    if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1] and tries >= 1):
+        raise BadArgument(f"scale={scale!r}, ratio={ratio!r}, tries={tries!r}: give 0 < scale low <= high <= 1, "
+                          "0 < ratio low <= high and tries >= 1")
+
+
+def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), tries: int = 10) -> Any:
+    """``RandomResizedCrop``'s boxes for a whole batch at once: ``sizes`` is an ``N x 2`` tensor of (width,
+    height); returns ``N x 4`` (x0, y0, x1, y1) in pixels. Each image's box covers ``scale`` of its area
+    with an aspect ratio in ``ratio`` (log-uniform), the first of ``tries`` draws that fits, else the
+    largest centred box within ``ratio``: torchvision's rule, drawn for every image in one go."""
+    import math
+
+    import torch
+
+    _check_crop(scale, ratio, tries)
+    w, h = sizes[:, :1].double(), sizes[:, 1:].double()
+    n = len(sizes)
+    area = w * h * torch.empty(n, tries, dtype=torch.float64).uniform_(*scale)
+    r = torch.exp(torch.empty(n, tries, dtype=torch.float64).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    cw, ch = torch.sqrt(area * r).round(), torch.sqrt(area / r).round()
+    fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
+    first = fits.double().argmax(1, keepdim=True)
+    found = fits.any(1, keepdim=True)
+    aspect = w / h  # no draw fitted: the whole image, cut to the nearest ratio allowed
+    fw = torch.where(aspect > ratio[1], (h * ratio[1]).round(), w)
+    fh = torch.where(aspect < ratio[0], (w / ratio[0]).round(), h)
+    cw = torch.where(found, cw.gather(1, first), fw)
+    ch = torch.where(found, ch.gather(1, first), fh)
+    x0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (w - cw + 1)).floor(), ((w - cw) / 2).floor())
+    y0 = torch.where(found, (torch.rand(n, 1, dtype=torch.float64) * (h - ch + 1)).floor(), ((h - ch) / 2).floor())
+    return torch.cat([x0, y0, x0 + cw, y0 + ch], 1)
+
+
+class CropOnDevice:
+    """Batches of decode-once pixels from ``loader`` (a DataLoader over ``CachedImageFolder(..., decode_once=...)``
+    without a ``transform``, with ``collate_fn=collate_pixels``), moved to ``device`` and there cropped and resized
+    as ``RandomResizedCrop(size, scale, ratio)`` does (``torchvision.ops.roi_align`` on each image: one kernel
+    that averages the pixels each output pixel covers, the image's own edge repeated past it; along a box edge
+    inside the image it interpolates with the pixels beyond, where torchvision repeats the edge), and flipped at
+    random (``flip``): ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only read and
+    check each record. Iterate it once per epoch, as the DataLoader::
+
+        ds = CachedImageFolder(source, cache, decode_once=256)  # no transform: the GPU crops
+        batches = CropOnDevice(DataLoader(ds, batch_size=256, num_workers=2, collate_fn=collate_pixels,
+                                          pin_memory=True))
+        for x, y in batches: ...
+    """
+
+    #: What the batches must be, and the collate function that makes them (said when a batch is not one); and the
+    #: dimensions of a batch's second tensor (``shapes``, N x 2), which tells the two kinds of batch apart.
+    takes = "(pixels, shapes, targets): give its DataLoader collate_fn=collate_pixels, over a decode-once dataset"
+    second_ndim = 2
+
+    def __init__(self, loader: Any, size: int = 224, device: str = "cuda", *, scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True) -> None:
+        if type(size) is not int or not 16 <= size <= 4096:
+            raise BadArgument(f"size={size!r}: give the crop's side in pixels, 16 to 4096 (e.g. 224)")
+        _check_crop(scale, ratio)
+        import torch
+
+        self.loader, self.size, self.device = loader, size, torch.device(device)
+        self.scale, self.ratio, self.flip = scale, ratio, flip
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        for batch in self.loader:
+            if not (isinstance(batch, (tuple, list)) and len(batch) == 3
+                    and getattr(batch[1], "ndim", None) == self.second_ndim):
+                raise BadArgument(f"{type(self).__name__} takes batches of {self.takes}")
+            yield self.crop(self.images(batch[0], batch[1])), batch[2].to(self.device, non_blocking=True)
+
+    def images(self, data: Any, shapes: Any) -> list[Any]:
+        """One batch's images on the device, each ``3 x H x W`` uint8: here each image's pixels, moved there in one
+        copy and viewed in place (channels-last, as stored)."""
+        data = data.to(self.device, non_blocking=True)
+        shapes = shapes.tolist()
+        return [flat.view(h, w, 3).permute(2, 0, 1) for flat, (h, w) in zip(data.split([3 * h * w for h, w in shapes]),
+                                                                            shapes)]
+
+    def crop(self, images: list[Any], boxes: Any = None) -> Any:
+        """Decoded ``3 x H x W`` uint8 images (on the device) -> one ``N x 3 x size x size`` uint8 batch: each
+        image's box (``boxes``, ``N x 4`` (x0, y0, x1, y1) in pixels; default :func:`random_boxes`) resized
+        to ``size`` x ``size``, then flipped at random if ``flip``."""
+        import torch
+        from torchvision.ops import roi_align
+
+        if boxes is None:
+            boxes = random_boxes(torch.tensor([[img.shape[-1], img.shape[-2]] for img in images]), self.scale, self.ratio)
+        rois = torch.cat([torch.zeros(len(images), 1, dtype=torch.float64), boxes.double()], 1)
+        rois = rois.to(self.device, torch.float32)
+        out = torch.empty(len(images), 3, self.size, self.size, dtype=torch.float32, device=self.device)
+        for i, img in enumerate(images):  # one image at a time: another image's size never pads this one
+            out[i] = roi_align(img[None].float(), rois[i:i + 1], self.size, sampling_ratio=-1, aligned=True)[0]
+        if self.flip:
+            mirror = (torch.rand(len(images)) < 0.5).to(self.device)
+            out = torch.where(mirror[:, None, None, None], out.flip(-1), out)
+        return out.round_().clamp_(0, 255).to(torch.uint8)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.size}px on {self.device}>"
+
+
+class DecodeOnDevice(CropOnDevice):
+    """Batches of encoded JPEGs from ``loader`` (a DataLoader over a dataset whose ``loader`` is
+    :func:`encoded`, with ``collate_fn=collate_encoded``), decoded on ``device`` in one call per batch
+    (``torchvision.io.decode_jpeg``: nvJPEG on a CUDA device), then cropped, resized and flipped as
+    :class:`CropOnDevice` does: ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only
+    read bytes. Iterate it once per epoch, as the DataLoader::
+
+        ds = CachedImageFolder(source, cache, loader=encoded)
+        batches = DecodeOnDevice(DataLoader(ds, batch_size=256, num_workers=2, collate_fn=collate_encoded))
+        for x, y in batches: ...
+    """
+
+    takes = "(bytes, lengths, targets): give its DataLoader collate_fn=collate_encoded, over a dataset whose loader is encoded"
+    second_ndim = 1  # lengths
+
+    def images(self, data: Any, lengths: Any) -> list[Any]:
+        """One batch's JPEGs decoded on the device in one call."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        return decode_jpeg(list(data.split(lengths.tolist())), mode=ImageReadMode.RGB, device=self.device)

@@ -352,10 +352,12 @@ def test_crop_on_device_crops_decode_once_pixels_the_workers_only_read(tmp_path)
     image of a batch end to end in one tensor made in shared memory; CropOnDevice crops each on the device (here the
     CPU: the code a CUDA runtime runs with device='cuda'). Under fork and spawn every image arrives as read, in the
     DataLoader's order, with its target; the whole image as the crop matches torchvision's antialiased resize of the
-    same pixels to a few levels. A batch of the other kind, or a sample transformed already, is refused in one line."""
+    same pixels to a few levels. A dataset with a transform (it would crop first) or of JPEGs, a batch of the other
+    kind, or a sample that is not the pixels as read, is refused in one line."""
     from torchvision.transforms import v2
 
     from dataferry.decode import CropOnDevice, DecodeOnDevice, collate_encoded, collate_pixels
+    from dataferry.harness.bench.decoders import augment
 
     TEST.write_to(tmp_path)
     ds = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0), decode_once=64)
@@ -386,17 +388,28 @@ def test_crop_on_device_crops_decode_once_pixels_the_workers_only_read(tmp_path)
     augmented = next(iter(CropOnDevice(DataLoader(ds, batch_size=16, collate_fn=collate_pixels), 48, "cpu")))[0]
     assert augmented.shape == (16, 3, 48, 48) and augmented.dtype == torch.uint8, "a random crop of 48 by default"
     pixel_batch = collate_pixels([ds[0], ds[1]])
-    with pytest.raises(BadArgument, match="DecodeOnDevice takes batches of .*collate_fn=collate_encoded"):
+    with pytest.raises(BadArgument, match=r"DecodeOnDevice takes batches of .*collate_fn=collate_encoded.*; not \(a "
+                                          r"torch.uint8 tensor of \(\d+,\), a torch.int64 tensor of \(2, 2\), "):
         next(iter(DecodeOnDevice([pixel_batch], 48, "cpu")))
     encoded_batch = collate_encoded([(torch.zeros(5, dtype=torch.uint8), 0)])
     with pytest.raises(BadArgument, match="CropOnDevice takes batches of .*collate_fn=collate_pixels"):
         next(iter(CropOnDevice([encoded_batch], 48, "cpu")))
+    cropped = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0),
+                                decode_once=64, transform=augment(48))  # uint8, 3 x 48 x 48: a crop already
+    with pytest.raises(BadArgument, match="CropOnDevice crops on the device, and this dataset's transform would crop "
+                                          "first .*give the dataset no transform"):
+        CropOnDevice(DataLoader(cropped, batch_size=16, collate_fn=collate_pixels), 48, "cpu")
+    jpegs = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0))
+    with pytest.raises(BadArgument, match="CropOnDevice takes decode-once's pixels, and this dataset reads JPEGs"):
+        CropOnDevice(DataLoader(jpegs, batch_size=16, collate_fn=collate_pixels), 48, "cpu")
+    with pytest.raises(BadArgument, match="DecodeOnDevice decodes JPEGs, and this dataset reads decode-once's pixels"):
+        DecodeOnDevice(DataLoader(ds, batch_size=16, collate_fn=collate_pixels), 48, "cpu")
     transformed = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0),
                                     decode_once=64, transform=v2.ToDtype(torch.float32, scale=True))
     with pytest.raises(BadArgument, match=r"not a torch.float32 tensor of \(3, 64, \d+\): give the dataset "
                                           "decode_once and no transform"):
         collate_pixels([transformed[0]])
-    with pytest.raises(BadArgument, match=r"not a PIL\.Image\.Image: give the dataset decode_once and no transform"):
+    with pytest.raises(BadArgument, match=r"not an Image \(PIL\): give the dataset decode_once and no transform"):
         collate_pixels([(Image.new("RGB", (8, 8)), 0)])
 
 

@@ -46,6 +46,19 @@ def collate_encoded(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
     return torch.cat(images), torch.tensor([len(i) for i in images]), torch.as_tensor(targets)
 
 
+def _kind(value: Any) -> str:
+    """What a value is, for a message: a tensor's dtype and shape, else its type's name."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of {tuple(value.shape)}"
+    kind = type(value)
+    if kind.__module__ == "builtins":
+        return f"the {kind.__qualname__} {value!r:.40}"
+    article = "an" if kind.__qualname__[:1].lower() in "aeiou" else "a"
+    return f"{article} {kind.__qualname__} ({kind.__module__.partition('.')[0]})"
+
+
 def collate_pixels(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
     """A DataLoader's ``collate_fn`` for decode-once samples as they are read (``3 x H x W`` uint8, each image its
     own size): ``(pixels, shapes, targets)``, every image's pixels (``H x W x 3``, as the record stores them) end to
@@ -58,12 +71,10 @@ def collate_pixels(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
     for image in images:
         if not (isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.ndim == 3
                 and image.shape[0] == 3):
-            kind = type(image)
-            what = (f"a {image.dtype} tensor of {tuple(image.shape)}" if isinstance(image, torch.Tensor) else
-                    f"a {kind.__qualname__ if kind.__module__ == 'builtins' else f'{kind.__module__}.{kind.__qualname__}'}")
             raise BadArgument(f"collate_pixels takes decode-once samples as they are read (3 x H x W uint8), not "
-                              f"{what}: give the dataset decode_once and no transform (CropOnDevice crops on the device)")
-    flat = [image.permute(1, 2, 0).reshape(-1) for image in images]  # a view: pixels() keeps them channels-last
+                              f"{_kind(image)}: give the dataset decode_once and no transform (CropOnDevice crops "
+                              "on the device)")
+    flat = [image.permute(1, 2, 0).reshape(-1) for image in images]  # no copy: pixels() keeps them channels-last
     out = None
     if get_worker_info() is not None:
         numel = sum(f.numel() for f in flat)
@@ -107,6 +118,12 @@ def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
     return torch.cat([x0, y0, x0 + cw, y0 + ch], 1)
 
 
+def _no_transform(wrapper: CropOnDevice, dataset: Any) -> None:
+    if getattr(dataset, "transform", None) is not None:
+        raise BadArgument(f"{type(wrapper).__name__} crops on the device, and this dataset's transform would crop "
+                          f"first ({_kind(dataset.transform)}): give the dataset no transform")
+
+
 class CropOnDevice:
     """Batches of decode-once pixels from ``loader`` (a DataLoader over ``CachedImageFolder(..., decode_once=...)``
     without a ``transform``, with ``collate_fn=collate_pixels``), moved to ``device`` and there cropped and resized
@@ -122,10 +139,10 @@ class CropOnDevice:
         for x, y in batches: ...
     """
 
-    #: What the batches must be, and the collate function that makes them (said when a batch is not one); and the
-    #: dimensions of a batch's second tensor (``shapes``, N x 2), which tells the two kinds of batch apart.
+    #: What the batches must be, and the collate function that makes them (said when a batch is not one).
     takes = "(pixels, shapes, targets): give its DataLoader collate_fn=collate_pixels, over a decode-once dataset"
-    second_ndim = 2
+    #: The dimensions of a batch's second tensor (``shapes``: N x 2), which tells the two kinds of batch apart.
+    sizes_ndim = 2
 
     def __init__(self, loader: Any, size: int = 224, device: str = "cuda", *, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True) -> None:
@@ -134,8 +151,16 @@ class CropOnDevice:
         _check_crop(scale, ratio)
         import torch
 
+        self._check(getattr(loader, "dataset", None))
         self.loader, self.size, self.device = loader, size, torch.device(device)
         self.scale, self.ratio, self.flip = scale, ratio, flip
+
+    def _check(self, dataset: Any) -> None:
+        """Refuse a DataLoader's dataset whose transform would crop before the device does, or that reads JPEGs."""
+        _no_transform(self, dataset)
+        if getattr(dataset, "decoded", False) is None:
+            raise BadArgument("CropOnDevice takes decode-once's pixels, and this dataset reads JPEGs: give it "
+                              "decode_once=256 (or decode on the device: DecodeOnDevice, loader=encoded)")
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -143,8 +168,9 @@ class CropOnDevice:
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         for batch in self.loader:
             if not (isinstance(batch, (tuple, list)) and len(batch) == 3
-                    and getattr(batch[1], "ndim", None) == self.second_ndim):
-                raise BadArgument(f"{type(self).__name__} takes batches of {self.takes}")
+                    and getattr(batch[1], "ndim", None) == self.sizes_ndim):
+                given = ", ".join(_kind(b) for b in batch) if isinstance(batch, (tuple, list)) else _kind(batch)
+                raise BadArgument(f"{type(self).__name__} takes batches of {self.takes}; not ({given})")
             yield self.crop(self.images(batch[0], batch[1])), batch[2].to(self.device, non_blocking=True)
 
     def images(self, data: Any, shapes: Any) -> list[Any]:
@@ -163,7 +189,8 @@ class CropOnDevice:
         from torchvision.ops import roi_align
 
         if boxes is None:
-            boxes = random_boxes(torch.tensor([[img.shape[-1], img.shape[-2]] for img in images]), self.scale, self.ratio)
+            sizes = torch.tensor([[img.shape[-1], img.shape[-2]] for img in images])
+            boxes = random_boxes(sizes, self.scale, self.ratio)
         rois = torch.cat([torch.zeros(len(images), 1, dtype=torch.float64), boxes.double()], 1)
         rois = rois.to(self.device, torch.float32)
         out = torch.empty(len(images), 3, self.size, self.size, dtype=torch.float32, device=self.device)
@@ -190,8 +217,15 @@ class DecodeOnDevice(CropOnDevice):
         for x, y in batches: ...
     """
 
-    takes = "(bytes, lengths, targets): give its DataLoader collate_fn=collate_encoded, over a dataset whose loader is encoded"
-    second_ndim = 1  # lengths
+    takes = ("(bytes, lengths, targets): give its DataLoader collate_fn=collate_encoded, over a dataset whose loader "
+             "is encoded")
+    sizes_ndim = 1  # lengths: N
+
+    def _check(self, dataset: Any) -> None:
+        _no_transform(self, dataset)
+        if getattr(dataset, "decoded", None) is not None:
+            raise BadArgument("DecodeOnDevice decodes JPEGs, and this dataset reads decode-once's pixels: give it "
+                              "loader=encoded and no decode_once (or crop those pixels on the device: CropOnDevice)")
 
     def images(self, data: Any, lengths: Any) -> list[Any]:
         """One batch's JPEGs decoded on the device in one call."""

@@ -5,13 +5,14 @@ Once the images are on local disk, a DataLoader worker spends its time decoding 
 as ``ImageFolder`` reads) into one cache, then runs the same training loop once per decoder: a
 :class:`~dataferry.CachedImageFolder` with that ``loader``, the usual augmentation (a random resized crop
 and a flip), a real ``DataLoader`` with ``workers`` processes, into ``compute`` (an emulated accelerator
-or a real model). Decode-once (:class:`~dataferry.decode.DecodedImages`) runs last: its first epoch
-decodes into the cache, later ones crop the decoded pixels. When ``compute`` trains on a CUDA GPU, a
+or a real model). Decode-once (:class:`~dataferry.decode.DecodedImages`) runs after the decoders: its first
+epoch decodes into the cache, later ones crop the decoded pixels. When ``compute`` trains on a CUDA GPU, a
 ``gpu`` row runs too: the workers only read bytes and the GPU decodes each batch
-(:class:`~dataferry.ondevice.DecodeOnDevice`); and, with decode-once, a ``decode-once@<size> gpu`` row: the workers
-only read decode-once's pixels and the GPU crops them (:class:`~dataferry.ondevice.CropOnDevice`). Each row is one epoch: samples/s, AU, the share of wall time
-the step waited for data, the cache state, and the decoder's milliseconds per image on one core (read
-from the page cache, decode, augment; for ``gpu``, on the GPU in a batch).
+(:class:`~dataferry.ondevice.DecodeOnDevice`); and, last, a ``decode-once@<size> gpu`` row: the workers only read
+the pixels decode-once cached and the GPU crops them (:class:`~dataferry.ondevice.CropOnDevice`). Each row is one
+epoch: samples/s, AU, the share of wall time the step waited for data, the cache state, and the decoder's
+milliseconds per image on one core (read from the page cache, decode, augment; for the ``gpu`` rows, on the GPU in
+a batch: decode or move, then crop).
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def stage_us(read: Callable[[int], Any], decode: Callable[[Any], Any], transform
 def device_decode_ms(blobs: Sequence[bytes], crop: int = 224, device: str = "cuda") -> float:
     """Milliseconds per image to decode ``blobs`` (JPEGs) in one batch on ``device`` and crop and flip each
     there (:class:`~dataferry.ondevice.DecodeOnDevice`); one untimed batch first."""
-    return _device_ms(DecodeOnDevice([collate_encoded([(encoded(data), 0) for data in blobs])], crop, device), len(blobs))
+    batch = collate_encoded([(encoded(data), 0) for data in blobs])
+    return _device_ms(DecodeOnDevice([batch], crop, device), len(blobs))
 
 
 def device_crop_ms(records: Sequence[bytes], crop: int = 224, device: str = "cuda") -> float:
@@ -186,7 +188,8 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     staged = stage(source, cache, listed.entries, progress=False)
     say(f"{len(listed)} images ({listed.total_bytes / 1e6:.1f} MB) staged in {staged.seconds:.1f} s; "
         f"{workers} workers, batch {batch_size}, {os.cpu_count()} CPUs")
-    blobs = [cache.read(source, listed.entry(i)) for i in random.Random(seed).sample(range(len(listed)), min(64, len(listed)))]
+    some = random.Random(seed).sample(range(len(listed)), min(64, len(listed)))
+    blobs = [cache.read(source, listed.entry(i)) for i in some]
     # One listing, a dataset per decoder; each one's cost on one core, timed before any worker process runs.
     runs: dict[str, Any] = {}
     cost_of: dict[str, Callable[[], float]] = {}
@@ -198,25 +201,25 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
             continue
         runs[name].loader = DECODERS[name]
         cost_of[name] = functools.partial(decode_ms, blobs, DECODERS[name], tf)
+    once, once_on_gpu = f"decode-once@{decode_once}", f"decode-once@{decode_once} {GPU}"
     if decode_once:
-        name = f"decode-once@{decode_once}"
-        runs[name] = copy.copy(listed)
-        runs[name].decoded = DecodedImages(source, cache, decode_once)
+        runs[once] = copy.copy(listed)
+        runs[once].decoded = DecodedImages(source, cache, decode_once)
         decoded = [decode_image(data, decode_once) for data in blobs]
-        cost_of[name] = functools.partial(decode_ms, decoded, pixels, tf)
+        cost_of[once] = functools.partial(decode_ms, decoded, pixels, tf)
         if GPU in decoders:  # the workers read the pixels decode-once keeps; CropOnDevice crops them on the GPU
-            runs[f"{name} {GPU}"] = copy.copy(runs[name])
-            runs[f"{name} {GPU}"].transform = None
-            cost_of[f"{name} {GPU}"] = functools.partial(device_crop_ms, decoded, crop, str(compute.device))
+            runs[once_on_gpu] = copy.copy(runs[once])
+            runs[once_on_gpu].transform = None
+            cost_of[once_on_gpu] = functools.partial(device_crop_ms, decoded, crop, str(compute.device))
     ms_per_image = interleaved_costs(cost_of, COST_ROUNDS, seed)
     # what the workers hand over, and what crops it on the GPU, for the rows that crop there
-    on_device = {GPU: (collate_encoded, DecodeOnDevice), f"decode-once@{decode_once} {GPU}": (collate_pixels, CropOnDevice)}
+    on_device = {GPU: (collate_encoded, DecodeOnDevice), once_on_gpu: (collate_pixels, CropOnDevice)}
     who = compute.profile.name if hasattr(compute, "profile") else repr(compute)
     rows: list[dict[str, Any]] = []
     for name, ds in runs.items():
         states: list[str] = []
 
-        def drop_page_cache(epoch: int, ds: Any = ds, decodes: bool = name == f"decode-once@{decode_once}") -> None:
+        def drop_page_cache(epoch: int, ds: Any = ds, decodes: bool = name == once) -> None:
             if decodes and epoch == 1:
                 states.append("decoding into the cache")
                 return

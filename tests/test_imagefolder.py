@@ -352,8 +352,10 @@ def test_crop_on_device_crops_decode_once_pixels_the_workers_only_read(tmp_path)
     image of a batch end to end in one tensor made in shared memory; CropOnDevice crops each on the device (here the
     CPU: the code a CUDA runtime runs with device='cuda'). Under fork and spawn every image arrives as read, in the
     DataLoader's order, with its target; the whole image as the crop matches torchvision's antialiased resize of the
-    same pixels to a few levels. A dataset with a transform (it would crop first) or of JPEGs, a batch of the other
-    kind, or a sample that is not the pixels as read, is refused in one line."""
+    same pixels to a few levels. JPEGs decoded to tensors in the workers crop there too. A dataset with a transform
+    (the workers would run it first), a batch of the other kind, or a sample that is not a 3 x H x W uint8 image, is
+    refused in one line."""
+    from torch.utils.data import Subset
     from torchvision.transforms import v2
 
     from dataferry.decode import CropOnDevice, DecodeOnDevice, collate_encoded, collate_pixels
@@ -363,7 +365,8 @@ def test_crop_on_device_crops_decode_once_pixels_the_workers_only_read(tmp_path)
     ds = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0), decode_once=64)
     whole = {"scale": (1.0, 1.0), "ratio": (0.1, 10.0)}  # no draw fits: the whole image
     for context in ("fork", "spawn"):
-        loader = DataLoader(ds, batch_size=16, num_workers=2, collate_fn=collate_pixels, multiprocessing_context=context)
+        loader = DataLoader(ds, batch_size=16, num_workers=2, collate_fn=collate_pixels,
+                            multiprocessing_context=context)
         seen = 0
         for data, shapes, targets in loader:
             images = CropOnDevice([], device="cpu").images(data, shapes)
@@ -383,7 +386,8 @@ def test_crop_on_device_crops_decode_once_pixels_the_workers_only_read(tmp_path)
                 assert (x[j].int() - theirs.int()).abs().float().mean() < 4, ds.samples[seen + j][0]
             seen += len(y)
         assert seen == 100
-    assert [shared for shared in DataLoader(ds, batch_size=50, num_workers=2, collate_fn=_pixels_shared)] == [True, True]
+    in_workers = DataLoader(ds, batch_size=50, num_workers=2, collate_fn=_pixels_shared)
+    assert [shared for shared in in_workers] == [True, True]
     assert DataLoader(ds, batch_size=50, collate_fn=_pixels_shared).__iter__().__next__() is False, "no worker: no need"
     augmented = next(iter(CropOnDevice(DataLoader(ds, batch_size=16, collate_fn=collate_pixels), 48, "cpu")))[0]
     assert augmented.shape == (16, 3, 48, 48) and augmented.dtype == torch.uint8, "a random crop of 48 by default"
@@ -396,13 +400,14 @@ def test_crop_on_device_crops_decode_once_pixels_the_workers_only_read(tmp_path)
         next(iter(CropOnDevice([encoded_batch], 48, "cpu")))
     cropped = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0),
                                 decode_once=64, transform=augment(48))  # uint8, 3 x 48 x 48: a crop already
-    with pytest.raises(BadArgument, match="CropOnDevice crops on the device, and this dataset's transform would crop "
-                                          "first .*give the dataset no transform"):
-        CropOnDevice(DataLoader(cropped, batch_size=16, collate_fn=collate_pixels), 48, "cpu")
-    jpegs = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0))
-    with pytest.raises(BadArgument, match="CropOnDevice takes decode-once's pixels, and this dataset reads JPEGs"):
-        CropOnDevice(DataLoader(jpegs, batch_size=16, collate_fn=collate_pixels), 48, "cpu")
-    with pytest.raises(BadArgument, match="DecodeOnDevice decodes JPEGs, and this dataset reads decode-once's pixels"):
+    with pytest.raises(BadArgument, match=r"CropOnDevice augments each batch on the device, after the workers: give "
+                                          r"the dataset no transform \(it has a Compose \(torchvision\), "):
+        CropOnDevice(DataLoader(Subset(cropped, range(10)), batch_size=16, collate_fn=collate_pixels), 48, "cpu")
+    decoding = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0),
+                                 loader=DECODERS["torchvision"])  # JPEGs decoded in the workers, cropped on the device
+    x, y = next(iter(CropOnDevice(DataLoader(decoding, batch_size=4, collate_fn=collate_pixels), 48, "cpu")))
+    assert x.shape == (4, 3, 48, 48) and y.tolist() == decoding.targets[:4]
+    with pytest.raises(BadArgument, match="DecodeOnDevice decodes JPEGs, and this dataset reads decode-once's pixel"):
         DecodeOnDevice(DataLoader(ds, batch_size=16, collate_fn=collate_pixels), 48, "cpu")
     transformed = CachedImageFolder(LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0),
                                     decode_once=64, transform=v2.ToDtype(torch.float32, scale=True))
@@ -450,9 +455,9 @@ def test_compare_decoders_adds_the_gpu_row_when_the_compute_trains_on_cuda(tmp_p
     assert all(r["samples_per_s"] * r["epoch_s"] == pytest.approx(len(names)) and r["decode_ms_per_sample"] > 0
                for r in gpu)
     # With decode-once, its pixels cropped on the device too (CropOnDevice): epoch 1 reads what decode-once cached.
-    rows = compare_decoders(LocalSource(tmp_path / "photos" / "test"), tmp_path / "work2", OnCuda(PROFILES["resnet50-v100-amp"]),
-                            workers=0, batch_size=10, epochs=2, decoders=["gpu"], decode_once=64, names=names,
-                            say=lambda s: None)
+    rows = compare_decoders(LocalSource(tmp_path / "photos" / "test"), tmp_path / "work2",
+                            OnCuda(PROFILES["resnet50-v100-amp"]), workers=0, batch_size=10, epochs=2, decoders=["gpu"],
+                            decode_once=64, names=names, say=lambda s: None)
     assert [r["decoder"] for r in rows] == [d for d in ("gpu", "decode-once@64", "decode-once@64 gpu") for _ in (1, 2)]
     assert [r["cache_state"].split(",")[0] for r in rows[2:]] == ["decoding into the cache"] + ["cache warm"] * 3
     assert all(r["samples_per_s"] * r["epoch_s"] == pytest.approx(len(names)) and r["decode_ms_per_sample"] > 0

@@ -47,16 +47,22 @@ def collate_encoded(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
 
 
 def _kind(value: Any) -> str:
-    """What a value is, for a message: a tensor's dtype and shape, else its type's name."""
+    """What a value is, in a few words on one line, for a message: a tensor's dtype and shape, a scalar's value, a
+    container's length, else its type's name and package."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of {tuple(value.shape)}"
     kind = type(value)
+    if value is None:
+        return "None"
+    if isinstance(value, (bool, int, float, str, bytes)):
+        shown = repr(value)
+        return f"the {kind.__qualname__} {shown[:40]}{'...' if len(shown) > 40 else ''}"
+    named = f"{'an' if kind.__qualname__[:1].lower() in 'aeiou' else 'a'} {kind.__qualname__}"
     if kind.__module__ == "builtins":
-        return f"the {kind.__qualname__} {value!r:.40}"
-    article = "an" if kind.__qualname__[:1].lower() in "aeiou" else "a"
-    return f"{article} {kind.__qualname__} ({kind.__module__.partition('.')[0]})"
+        return f"{named} of {len(value)}" if hasattr(value, "__len__") else named
+    return f"{named} ({kind.__module__.partition('.')[0]})"
 
 
 def collate_pixels(batch: list[tuple[Any, Any]]) -> tuple[Any, Any, Any]:
@@ -118,15 +124,10 @@ def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
     return torch.cat([x0, y0, x0 + cw, y0 + ch], 1)
 
 
-def _no_transform(wrapper: CropOnDevice, dataset: Any) -> None:
-    if getattr(dataset, "transform", None) is not None:
-        raise BadArgument(f"{type(wrapper).__name__} crops on the device, and this dataset's transform would crop "
-                          f"first ({_kind(dataset.transform)}): give the dataset no transform")
-
-
 class CropOnDevice:
     """Batches of decode-once pixels from ``loader`` (a DataLoader over ``CachedImageFolder(..., decode_once=...)``
-    without a ``transform``, with ``collate_fn=collate_pixels``), moved to ``device`` and there cropped and resized
+    without a ``transform``, with ``collate_fn=collate_pixels``; or over any dataset of ``3 x H x W`` uint8 images
+    without one), moved to ``device`` and there cropped and resized
     as ``RandomResizedCrop(size, scale, ratio)`` does (``torchvision.ops.roi_align`` on each image: one kernel
     that averages the pixels each output pixel covers, the image's own edge repeated past it; along a box edge
     inside the image it interpolates with the pixels beyond, where torchvision repeats the edge), and flipped at
@@ -150,17 +151,21 @@ class CropOnDevice:
             raise BadArgument(f"size={size!r}: give the crop's side in pixels, 16 to 4096 (e.g. 224)")
         _check_crop(scale, ratio)
         import torch
+        from torch.utils.data import Subset
 
-        self._check(getattr(loader, "dataset", None))
+        dataset = getattr(loader, "dataset", None)
+        while isinstance(dataset, Subset):
+            dataset = dataset.dataset
+        self._check(dataset)
         self.loader, self.size, self.device = loader, size, torch.device(device)
         self.scale, self.ratio, self.flip = scale, ratio, flip
 
     def _check(self, dataset: Any) -> None:
-        """Refuse a DataLoader's dataset whose transform would crop before the device does, or that reads JPEGs."""
-        _no_transform(self, dataset)
-        if getattr(dataset, "decoded", False) is None:
-            raise BadArgument("CropOnDevice takes decode-once's pixels, and this dataset reads JPEGs: give it "
-                              "decode_once=256 (or decode on the device: DecodeOnDevice, loader=encoded)")
+        """Refuse a DataLoader's dataset with a transform: the workers would run it before the device augments."""
+        if getattr(dataset, "transform", None) is not None:
+            raise BadArgument(f"{type(self).__name__} augments each batch on the device, after the workers: give the "
+                              f"dataset no transform (it has {_kind(dataset.transform)}, which the workers would run "
+                              "first)")
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -206,8 +211,8 @@ class CropOnDevice:
 
 
 class DecodeOnDevice(CropOnDevice):
-    """Batches of encoded JPEGs from ``loader`` (a DataLoader over a dataset whose ``loader`` is
-    :func:`encoded`, with ``collate_fn=collate_encoded``), decoded on ``device`` in one call per batch
+    """Batches of encoded JPEGs from ``loader`` (a DataLoader over a dataset whose ``loader`` is :func:`encoded`,
+    without a ``transform``, with ``collate_fn=collate_encoded``), decoded on ``device`` in one call per batch
     (``torchvision.io.decode_jpeg``: nvJPEG on a CUDA device), then cropped, resized and flipped as
     :class:`CropOnDevice` does: ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only
     read bytes. Iterate it once per epoch, as the DataLoader::
@@ -222,10 +227,11 @@ class DecodeOnDevice(CropOnDevice):
     sizes_ndim = 1  # lengths: N
 
     def _check(self, dataset: Any) -> None:
-        _no_transform(self, dataset)
+        """Refuse a dataset of decode-once's pixels, or one with a transform."""
         if getattr(dataset, "decoded", None) is not None:
             raise BadArgument("DecodeOnDevice decodes JPEGs, and this dataset reads decode-once's pixels: give it "
                               "loader=encoded and no decode_once (or crop those pixels on the device: CropOnDevice)")
+        super()._check(dataset)
 
     def images(self, data: Any, lengths: Any) -> list[Any]:
         """One batch's JPEGs decoded on the device in one call."""

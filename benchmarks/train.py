@@ -315,12 +315,13 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                     return _loader(InMemoryImages(decoded, once.targets, augment()), width, batch)
 
                 pipelines.append((LIMIT, f"pixels@{DECODED_SIZE}", limit))
-                if width == widths[-1]:  # the peers, and decode-once under a budget twice what it holds (each read demotes)
+                if width == widths[-1]:  # the peers, and decode-once under a budget twice what it holds (reads demote)
                     room = 2 * (len(once) * once.decoded.sample_bytes + once.total_bytes)
                     budgeted = CachedImageFolder(GCSSource(bucket.name, "flowers/", client),
                                                  Cache(work / f"c-{width}-once", max_bytes=room), transform=augment(),
                                                  decode_once=DECODED_SIZE)
-                    pipelines.append((BUDGETED, f"pil@{DECODED_SIZE}", functools.partial(_loader, budgeted, width, batch)))
+                    pipelines.append((BUDGETED, f"pil@{DECODED_SIZE}",
+                                      functools.partial(_loader, budgeted, width, batch)))
                     pipelines += _peers(local, work, width, batch, say)
                 _interleaved(pipelines, compute, repeats, functools.partial(row, width=width))
                 gc.collect()  # litdata's loaders live in a reference cycle: their workers end here, not in a later epoch
@@ -483,8 +484,8 @@ def _table(results: dict, width: int) -> str:
                  "after the other, on this disk")
     budget = results["ratio_rounds"]["budget_vs_none"]
     lines.append(f"budget_vs_none: {results['budget_vs_none']:.2f} ({min(budget):.2f}-{max(budget):.2f}): decode-once's "
-                 "warm cache under a budget with room to spare (nothing evicted: it measures each read's demote) over the same "
-                 "cache without one")
+                 "warm cache under a budget with room to spare (nothing evicted: it measures each read's demote) over "
+                 "the same cache without one")
     gain = results["mounted_prefetch_gain"]
     lines.append(f"mounted_prefetch_gain: {'not measured (no gcsfuse)' if gain is None else f'{gain:.2f}'} (epoch 1 "
                  "from a gcsfuse mount through the cache, with the prefetching sampler over without; "

@@ -705,6 +705,23 @@ def test_decode_once_is_said_to_crop_and_flip_where_the_others_decode():
     assert any(s.startswith("For pil, decode-once@256, 2 workers could decode (decode-once: crop and flip;") for s in said)
 
 
+@pytest.mark.parametrize("second, apart", [(410, False), (800, True)])
+def test_the_fastest_decoder_is_named_with_any_the_run_cannot_tell_from_it(second, apart):
+    """Two decoders whose gains over PIL overlap (their 95% intervals) are not told apart by the run: the fastest is
+    named with the other; a clearly slower one is not named beside it."""
+    import pandas as pd
+
+    from dataferry.course.findings import au
+
+    wobble = (0.97, 1.0, 1.03, 0.98, 1.02)
+    rows = pd.DataFrame([{"decoder": d, "epoch": e + 2, "samples_per_s": rate * w, "au": 0.3, "decode_ms_per_sample": 0.1}
+                         for d, rate in (("pil", 200), ("torchvision", 400), ("torchcodec", second))
+                         for e, w in enumerate(wobble)])
+    said = [s for s in au.decoding(rows, 2, 2, "an emulated V100", "lab:x").sentences if s.startswith("The fastest")]
+    assert len(said) == 1 and said[0].startswith("The fastest was torchcodec (")
+    assert ("not told apart from torchvision" in said[0]) is (not apart), said[0]
+
+
 @pytest.mark.parametrize("decoder", ["gpu", "decode-once@256 gpu"])
 def test_a_row_that_works_on_the_gpu_has_no_one_core_cost_to_judge(decoder):
     """The gpu rows' costs are the GPU's per image in a batch, not a CPU core's: no ceiling from workers x cost

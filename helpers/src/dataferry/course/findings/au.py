@@ -125,7 +125,9 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
                         + (": not told apart from PIL" if low <= 1 <= high else "") + f"; AU {au[d]:.0%}.")
     ranked = sorted(gains, key=lambda d: gains[d][0], reverse=True)
     best = ranked[0]
-    said.append(f"The fastest was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "") + ": "
+    tied = [d for d in ranked[1:] if gains[d][2] >= gains[best][1]]  # intervals that overlap the fastest's
+    said.append(f"The fastest was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "")
+                + (f", not told apart from {', '.join(tied)} by this run" if tied else "") + ": "
                 + ("it kept the accelerator busy at least 90% of the time." if au[best] >= 0.9 else
                    f"even so the accelerator waited {1 - au[best]:.0%} of the time, every image already on local disk."))
     slack = [d for d in rate.index if not on_gpu(d) and workers * 1000 / ms[d] > 2 * rate[d]]

@@ -125,7 +125,8 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
                         + (": not told apart from PIL" if low <= 1 <= high else "") + f"; AU {au[d]:.0%}.")
     ranked = sorted(gains, key=lambda d: gains[d][0], reverse=True)
     best = ranked[0]
-    tied = [d for d in ranked[1:] if gains[d][2] >= gains[best][1]]  # intervals that overlap the fastest's
+    # decoders whose intervals overlap the fastest's (not PIL: the fastest's own interval says that, above)
+    tied = [d for d in ranked[1:] if d != "pil" and gains[d][2] >= gains[best][1]]
     said.append(f"The fastest was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "")
                 + (f", not told apart from {', '.join(tied)} by this run" if tied else "") + ": "
                 + ("it kept the accelerator busy at least 90% of the time." if au[best] >= 0.9 else

@@ -311,7 +311,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
 
                 def limit(once: Any = once, decoded: list[Any] = decoded, width: int = width) -> Any:
                     # once is warm now; each image's own compact copy (pixels are a view of their record)
-                    decoded += [pixels(once._bytes(i, once.decoded)).clone() for i in range(len(once))]
+                    decoded += [pixels(once._bytes(i)).clone() for i in range(len(once))]
                     return _loader(InMemoryImages(decoded, once.targets, augment()), width, batch)
 
                 pipelines.append((LIMIT, f"pixels@{DECODED_SIZE}", limit))
@@ -340,7 +340,7 @@ def bench_train(out: str | os.PathLike[str] = "build/bench/train.json", images: 
                         f"cache-warm {d}": functools.partial(stage_us, ds._bytes, DECODERS[d], augment(), some, batch)
                         for d, ds in jpegs.items()}
                     timings[f"decode-once-warm pil@{DECODED_SIZE}"] = functools.partial(
-                        stage_us, functools.partial(once._bytes, decoded=once.decoded), pixels, augment(), some, batch)
+                        stage_us, once._bytes, pixels, augment(), some, batch)
                     timings[f"{LIMIT} pixels@{DECODED_SIZE}"] = functools.partial(
                         stage_us, decoded.__getitem__, _same, augment(), some, batch)
                     # the median of 3 rounds taken in turns: one pass each once timed a crop at 2.6x its cost

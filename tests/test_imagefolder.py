@@ -157,6 +157,42 @@ def test_decode_once_keeps_pixels_in_the_cache_verified_and_keyed_by_version_and
     assert min(CachedImageFolder(source, cache, decode_once=32)[5][0].shape[1:]) == 32 and len(calls) == 103
 
 
+def test_a_copy_of_a_dataset_or_one_decoded_otherwise_reads_its_own_kind_of_copy(tmp_path):
+    """A dataset remembers what its reads learned of each sample's copy (to read it again without asking the
+    index): a copy of it (``copy.copy``, to give it another transform) or the same dataset given another decoding
+    reads the copies its own reads name, JPEG or decoded pixels, never those another's reads learned."""
+    import copy
+
+    TEST.write_to(tmp_path)
+    source, cache = LocalSource(tmp_path / "test"), Cache(tmp_path / "c", min_free_bytes=0)
+    jpegs = CachedImageFolder(source, cache, loader=lambda data: data)
+    assert jpegs[3][0][:2] == b"\xff\xd8"
+    decoded = copy.copy(jpegs)
+    decoded.decoded, decoded.loader = DecodedImages(source, cache, 32), None
+    assert min(decoded[3][0].shape[1:]) == 32, "the copy reads pixels, not the JPEG its original read"
+    jpegs.decoded = DecodedImages(source, cache, 48)
+    assert min(jpegs[3][0].shape[1:]) == 48, "given another decoding, the same dataset reads its pixels"
+
+
+def test_decode_once_reads_a_record_again_only_as_far_as_its_picture_goes(tmp_path):
+    """A record is padded to the size of the longest picture it can hold (a third of a 4:3 photo's record). Read
+    again in the same process, only its header and pixels are read, checked against the CRC32C of those bytes that
+    its first, whole, checked read learned: a byte flipped in them since is still never served."""
+    TEST.write_to(tmp_path)
+    cache = Cache(tmp_path / "c", min_free_bytes=0)
+    ds = CachedImageFolder(LocalSource(tmp_path / "test"), cache, decode_once=64)
+    first = ds[5][0]
+    h, w = first.shape[1:]
+    before = cache.stats()
+    assert torch.equal(ds[5][0], first)
+    assert (cache.stats() - before).bytes_from_cache == 8 + 3 * h * w < ds.decoded.sample_bytes
+    path = cache.path(ds.decoded, ds.decoded.entry(ds.entry(5)))
+    data = bytearray(path.read_bytes())
+    data[8 + 3 * h * w - 1] ^= 0xFF  # the picture's last byte
+    path.write_bytes(bytes(data))
+    assert torch.equal(ds[5][0], first) and (cache.stats() - before).refetches == 1
+
+
 def _banded_jpeg(w: int, h: int) -> bytes:
     """A green picture whose outer 15% of the width is red on both sides."""
     import numpy as np
@@ -374,7 +410,7 @@ def test_crop_on_device_crops_decode_once_pixels_the_workers_only_read(tmp_path)
             # each whole image as its box (random_boxes with scale 1 can still draw a box a pixel short of it)
             crops = batches.crop(images, torch.tensor([[0, 0, i.shape[-1], i.shape[-2]] for i in images]))
             for j, image in enumerate(images):
-                read = pixels(ds._bytes(seen + j, ds.decoded))
+                read = pixels(ds._bytes(seen + j))
                 assert torch.equal(image, read) and targets[j] == ds.targets[seen + j]
                 theirs = v2.functional.resize(read, [48, 48], antialias=True)
                 assert (crops[j].int() - theirs.int()).abs().float().mean() < 4, ds.samples[seen + j][0]

@@ -1,6 +1,7 @@
 """Staging (threads, ranks under torchrun), prefetch, the PyTorch Dataset in worker processes, the CLI."""
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -409,3 +410,91 @@ def test_a_folder_on_local_disk_is_left_to_the_workers_and_a_mounted_one_is_fetc
             sampler = dataset.prefetching(RandomSampler(dataset, generator=torch.Generator().manual_seed(3)))
             assert [i for i in sampler if dataset[i] == bytes([i]) * 100] == order
             assert (sampler.prefetcher is not None) is fetched_ahead, source
+
+
+def _four_local_samples(tmp_path, **cache_options):
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(4):
+        (root / f"{i}.bin").write_bytes(bytes([i]) * 50_000)
+    return CachedDataset(LocalSource(root), Cache(tmp_path / "c", min_free_bytes=0, **cache_options))
+
+
+def test_a_sample_read_again_in_the_same_process_asks_the_index_nothing_and_is_still_checked(tmp_path):
+    """A warm epoch in a persistent worker reads each sample it has read before by the key, size and CRC32C its
+    first checked read learned: no query of the index (which cost a tenth of decode-once's sample in a worker).
+    It is still checked and counted: a byte flipped since is never returned, a copy evicted since is filled."""
+    ds = _four_local_samples(tmp_path)
+    assert [ds[i] for i in range(4)] == [bytes([i]) * 50_000 for i in range(4)]
+    statements: list[str] = []
+    ds.cache._index.db().set_trace_callback(statements.append)
+    assert [ds[i] for i in (3, 1, -4)] == [bytes([3]) * 50_000, bytes([1]) * 50_000, bytes([0]) * 50_000]
+    assert statements == [], "a sample read before is read with no query of the index"
+    assert ds.cache.stats().hits == 3 and ds.cache.stats().bytes_from_cache == 3 * 50_000
+    path = ds.cache.path(ds.source, ds.entry(2))
+    data = bytearray(path.read_bytes())
+    data[1234] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert ds[2] == bytes([2]) * 50_000 and ds.cache.stats().refetches == 1, "damaged since: read again, not served"
+    ds.cache.clear()
+    before = ds.cache.stats()
+    assert ds[1] == bytes([1]) * 50_000 and (ds.cache.stats() - before).misses == 1, "evicted since: filled again"
+    assert ds[-1] == bytes([3]) * 50_000
+
+
+class _Regenerated:
+    """A source whose bytes can change under an unchanged version, as decode-once's records do when a decoder of
+    another version fills them again: what a cache keys by version cannot tell the two apart."""
+
+    uri = "regenerated://"
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def list(self):
+        yield self.stat("x.bin")
+
+    def stat(self, name):
+        from dataferry.sources import Entry
+        return Entry(name, len(self.data), "v1", None)
+
+    def fetch(self, entry, out, start=0, timeout=None):
+        return out.write(self.data[start:])
+
+
+def test_a_copy_filled_again_with_other_bytes_under_its_key_is_read_as_the_index_now_vouches(tmp_path):
+    """What a first read learned is only a shortcut: a copy another process filled again under the same key, with
+    other bytes its fill checked, reads back as the index now says, not as damage on the disk."""
+    source = _Regenerated(b"first decoder " * 1000)
+    ds = CachedDataset(source, Cache(tmp_path / "c", min_free_bytes=0))
+    assert ds[0] == b"first decoder " * 1000
+    other = Cache(tmp_path / "c", min_free_bytes=0)
+    other.clear()
+    source.data = b"other decoder " * 1000
+    assert other.read(source, "x.bin") == b"other decoder " * 1000
+    assert ds[0] == b"other decoder " * 1000 and ds.cache.stats().refetches == 0
+
+
+def test_a_sample_read_again_under_a_budget_is_demoted_as_on_its_first_read(tmp_path):
+    """Under a budget every read of a sample marks it used up for this epoch, its first and its later ones: when
+    room is needed the samples read go first, the one read last first."""
+    ds = _four_local_samples(tmp_path, max_bytes=150_000)  # room for three
+    for i in (0, 1, 2):
+        ds[i]
+    for i in (2, 1, 0):  # read again: 0 was read last
+        ds[i]
+    ds[3]
+    assert [ds.cache.contains(ds.source, ds.entry(i)) for i in range(4)] == [False, True, True, True]
+
+
+def test_what_reads_learned_does_not_cross_a_pickle_and_a_refresh_forgets_it(tmp_path):
+    """What a process's reads learned stays in it: a pickled dataset (what spawn sends a worker) carries none of it,
+    and a refresh, which may list other versions, starts afresh."""
+    ds = _four_local_samples(tmp_path)
+    ds[0]
+    assert len(pickle.dumps(ds)) < 20_000, "no table of copies crosses a pickle"
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy[0] == bytes([0]) * 50_000
+    (tmp_path / "src" / "0.bin").write_bytes(b"v2")
+    ds.refresh()
+    assert ds[0] == b"v2"

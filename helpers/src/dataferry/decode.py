@@ -35,7 +35,7 @@ from dataferry.sources import Entry, Source, where
 
 __all__ = ["BadImage", "image_errors", "DECODERS", "CropOnDevice", "DecodeOnDevice", "DecodedImages", "collate_encoded",
            "collate_pixels", "decode_image", "encoded", "pil_loader", "has_torchcodec_images", "pil_reduced", "pixels",
-           "random_boxes", "record_bytes", "torchcodec_decode", "torchvision_decode"]
+           "picture_bytes", "random_boxes", "record_bytes", "torchcodec_decode", "torchvision_decode"]
 
 _VERSION = 2  # of the decoding below: a change to it must change every derived key
 
@@ -131,6 +131,15 @@ _MAGIC = b"DFP1"
 def record_bytes(size: int, max_side: int) -> int:
     """The bytes of a decoded image's record: room for ``size`` x ``max_side`` RGB pixels and the header."""
     return _HEADER.size + 3 * size * max_side
+
+
+def picture_bytes(record: bytes) -> int:
+    """How many of a record's first bytes hold its picture (its header and pixels; zeros pad the rest): all of them
+    for bytes that are not a record."""
+    if len(record) < _HEADER.size:
+        return len(record)
+    magic, h, w = _HEADER.unpack_from(record)
+    return min(len(record), _HEADER.size + 3 * h * w) if magic == _MAGIC else len(record)
 
 
 def decoded_shape(w: int, h: int, size: int, max_side: int) -> tuple[int, int]:

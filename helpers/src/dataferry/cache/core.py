@@ -200,6 +200,29 @@ class Cache:
         """:meth:`read` (which checks every read), by the name it had when :meth:`read` did not."""
         return self._by_name(source, item, self._read_verified)
 
+    def reread(self, key: str, size: int, crc32c: int, used_up: bool = False) -> bytes | None:
+        """The first ``size`` bytes of a copy this process read checked before, read again with no query of the index
+        and checked against the CRC32C its caller learned of them then; counted as a hit, and ``used_up`` demotes the
+        copy (see :meth:`demote`). None when it is gone or they read back otherwise: then read it as before, which
+        fills it again, or checks it against what the index says now, or names a failing disk."""
+        self._after_renewal()
+        try:
+            fd = os.open(self._layout.object_path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            data = os.read(fd, size)  # one call for a local file's first 2 GiB
+        finally:
+            os.close(fd)
+        if len(data) != size or google_crc32c.value(data) != crc32c:
+            return None
+        self._counters.add(hits=1, bytes_from_cache=size)
+        if used_up:
+            self._index.rank_now({key: -time.time()})
+        else:
+            self._index.used(key)
+        return data
+
     def _by_name(self, source: Source, item: Entry | str, action: Callable[[Source, Entry], T]) -> T:
         """``action(source, entry)``; for a name, once more with a fresh stat if it changed meanwhile."""
         self._after_renewal()

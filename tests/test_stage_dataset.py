@@ -1,7 +1,6 @@
 """Staging (threads, ranks under torchrun), prefetch, the PyTorch Dataset in worker processes, the CLI."""
 
 import json
-import os
 import pickle
 import subprocess
 import sys
@@ -443,8 +442,8 @@ def test_a_sample_read_again_in_the_same_process_asks_the_index_nothing_and_is_s
 
 
 class _Regenerated:
-    """A source whose bytes can change under an unchanged version, as decode-once's records do when a decoder of
-    another version fills them again: what a cache keys by version cannot tell the two apart."""
+    """A source whose bytes can change under an unchanged version, as decode-once's records can when another
+    Pillow or libjpeg decodes them again: what a cache keys by version cannot tell the two apart."""
 
     uri = "regenerated://"
 
@@ -498,3 +497,33 @@ def test_what_reads_learned_does_not_cross_a_pickle_and_a_refresh_forgets_it(tmp
     (tmp_path / "src" / "0.bin").write_bytes(b"v2")
     ds.refresh()
     assert ds[0] == b"v2"
+
+
+def test_what_one_worker_learned_every_process_of_the_loader_uses(tmp_path):
+    """A shuffled sample goes to any worker each epoch: what one worker's checked read learned of its copy is shared
+    with the loader's other workers and the process that made them (forked), so a warm epoch reads every sample
+    without asking the index, whichever worker read it first."""
+    ds = _four_local_samples(tmp_path)
+    loader = DataLoader(ds, batch_size=1, num_workers=2)
+    assert [batch[0] for batch in loader] == [bytes([i]) * 50_000 for i in range(4)]
+    statements: list[str] = []
+    ds.cache._index.db().set_trace_callback(statements.append)
+    assert [ds[i] for i in range(4)] == [bytes([i]) * 50_000 for i in range(4)]
+    assert statements == [], "the workers' reads taught this process every copy"
+
+
+def test_a_scribbled_record_of_what_a_read_learned_is_not_used(tmp_path):
+    """What reads learned sits in memory every worker writes to: a record torn by two writers, or scribbled on, fails
+    its own check and the sample is read as on its first read."""
+    ds = _four_local_samples(tmp_path)
+    assert ds[1] == bytes([1]) * 50_000
+    table = ds._copies._table
+    record = len(table) // 4
+    for flip in (0, 33, record - 1):  # the key, the CRC32C and the record's own check
+        ds[1]
+        table[record + flip] ^= 0x01
+        statements: list[str] = []
+        ds.cache._index.db().set_trace_callback(statements.append)
+        assert ds[1] == bytes([1]) * 50_000
+        assert any("crc32c" in s for s in statements), "read as on its first read, checked by the index"
+        ds.cache._index.db().set_trace_callback(None)

@@ -10,19 +10,17 @@ object plus its name, version and checksum, in a few flat buffers that forked wo
 
 from __future__ import annotations
 
-import mmap
-import struct
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, cast
 
-import google_crc32c
 from torch.utils.data import Dataset, Sampler
 
 from dataferry.cache import Cache, DamagedAtSource
 from dataferry.cache.checksum import b64
 from dataferry.cache.fill import MIN_FILL_BYTES_PER_S, damage
+from dataferry.cache.known import KnownCopies
 from dataferry.cache.transport import Sink, fetch_whole
 from dataferry.decode import DecodedImages, image_errors, picture_bytes, pil_loader, pixels
 from dataferry.sources import (DEFAULT_RETRY_DEADLINE_S, ChangedAtSource, Entry, EntryTable, NotFoundAtSource,
@@ -36,7 +34,9 @@ class CachedDataset(Dataset):
     """Sample ``i`` is ``decode(bytes of the i-th object)`` (bytes if ``decode`` is None), checked against
     the object's CRC32C on every read (the source's, or the one computed when it was filled; a copy
     damaged on local disk since is read again, never returned): about 13 us more than an unchecked
-    read of a 64 KiB object from a warm cache (30 us instead of 17 us here).
+    read of a 64 KiB object from a warm cache (30 us instead of 17 us here). A sample read again, in the process
+    that read it or any DataLoader worker forked with it, is checked against the CRC32C that first read learned
+    of its bytes, with no query of the cache's index (:class:`~dataferry.cache.known.KnownCopies`).
 
     ``names`` restricts the dataset to those objects, in that order. ``decode`` must be
     picklable (a module-level function) for DataLoader workers under spawn. A sample once read is
@@ -46,6 +46,8 @@ class CachedDataset(Dataset):
         ds = CachedDataset(GCSSource("my-bucket", "train/"), Cache("/content/cache"), decode=decode_jpeg)
         loader = DataLoader(ds, batch_size=64, num_workers=4, sampler=ds.prefetching(RandomSampler(ds)))
     """
+
+    _copies: KnownCopies | None = None  # what reads learned of each sample's copy
 
     def __init__(self, source: Source, cache: Cache, decode: Callable[[bytes], Any] | None = None,
                  names: Sequence[str] | None = None) -> None:
@@ -64,11 +66,7 @@ class CachedDataset(Dataset):
         """Read ``entries`` from now on, and nothing learned of an earlier listing."""
         self.entries = entries
         self._replaced: dict[int, Entry] = {}  # samples found replaced at the source since the listing
-        self._copies: _Copies | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """What a pickle or ``copy.copy`` carries: all but what this process's reads learned (see :class:`_Copies`)."""
-        return {**self.__dict__, "_copies": None}
+        self._copies = KnownCopies(self._kept_by(), len(entries))  # made before DataLoader workers fork
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -83,13 +81,13 @@ class CachedDataset(Dataset):
         return self.decode(data) if self.decode is not None else data
 
     def _bytes(self, index: int) -> bytes:
-        """Sample ``index``'s bytes as the cache keeps them, checked: a sample this process read before is read
-        by what that read learned (see :class:`_Copies`)."""
+        """Sample ``index``'s bytes as the cache keeps them, checked: a sample read before, by this process or one
+        forked from the same dataset, is read by what that read learned of its copy (:class:`KnownCopies`)."""
         index = range(len(self.entries))[index]
         used_up = self.cache.max_bytes is not None  # under a budget: room comes from what this epoch has read
         copies, kept_by = self._copies, self._kept_by()
-        if copies is None or not copies.learned_by(kept_by):
-            copies = self._copies = _Copies(kept_by, len(self.entries))
+        if copies is None or not copies.learned_by(kept_by):  # a listing, source or decoding set since
+            copies = self._copies = KnownCopies(kept_by, len(self.entries))
         data = copies.read(self.cache, index, used_up)
         if data is not None:
             return data
@@ -104,7 +102,8 @@ class CachedDataset(Dataset):
             data = self.cache.read_verified(source, read)
         if used_up:
             self.cache.demote(source, [read])
-        copies.learn(index, self.cache.key(source, read), data[:self._used(data)])
+        if copies.learned_by(self._kept_by()):  # still what decides which copy is read
+            copies.learn(index, self.cache.key(source, read), data[:self._bytes_used(data)])
         return data
 
     def _kept_as(self, entry: Entry) -> tuple[Source, Entry]:
@@ -115,7 +114,7 @@ class CachedDataset(Dataset):
         """What decides which copy sample ``i`` reads: the listing and the source."""
         return self.entries, self.source
 
-    def _used(self, data: bytes) -> int:
+    def _bytes_used(self, data: bytes) -> int:
         """How many of a sample's first bytes it uses (all)."""
         return len(data)
 
@@ -196,8 +195,8 @@ class CachedImageFolder(CachedDataset):
         """What decides which copy sample ``i`` reads: the listing, the source and decode-once's decoding."""
         return self.entries, self.source, self.decoded
 
-    def _used(self, data: bytes) -> int:
-        """How many of a sample's first bytes it uses: all of a JPEG, a record's picture (not its padding)."""
+    def _bytes_used(self, data: bytes) -> int:
+        """How many of a sample's first bytes it uses: all of an image's, a record's picture (not its padding)."""
         return len(data) if self.decoded is None else picture_bytes(data)
 
     def refresh(self) -> None:
@@ -246,34 +245,6 @@ class CachedImageFolder(CachedDataset):
     def __repr__(self) -> str:
         return (f"<CachedImageFolder {len(self)} images in {len(self.classes)} classes from {self.source!r} "
                 f"via {self.cache.root}>")
-
-
-class _Copies:
-    """What this process's checked reads learned of each sample's cached copy (its key, and the size and CRC32C of
-    the bytes the sample uses: a record's picture, not its padding), so that reading it again asks the index
-    nothing, names nothing and reads no padding: in a persistent DataLoader worker that was a tenth of decode-once's
-    sample, and a third of its record's bytes. 44 bytes a sample, in zeroed pages the kernel maps only as they are written; a forked
-    worker starts from its parent's; a pickle or a copy of the dataset carries none, and a dataset whose listing,
-    source or decoding is not the one they were learned by starts afresh. Only ever a shortcut: each read is
-    checked against what was learned, and one that does not check out is read as before."""
-
-    _RECORD = struct.Struct("<32sIq")  # the key's SHA-256, the CRC32C, the size plus one (0: not read yet)
-
-    def __init__(self, kept_by: tuple[Any, ...], samples: int) -> None:
-        self.kept_by = kept_by
-        self._table = mmap.mmap(-1, max(1, samples) * self._RECORD.size, flags=mmap.MAP_PRIVATE)
-
-    def learned_by(self, kept_by: tuple[Any, ...]) -> bool:
-        return len(kept_by) == len(self.kept_by) and all(a is b for a, b in zip(kept_by, self.kept_by))
-
-    def read(self, cache: Cache, index: int, used_up: bool) -> bytes | None:
-        digest, crc, size = self._RECORD.unpack_from(self._table, index * self._RECORD.size)
-        return cache.reread(digest.hex(), size - 1, crc, used_up) if size else None
-
-    def learn(self, index: int, key: str, data: bytes) -> None:
-        self._RECORD.pack_into(self._table, index * self._RECORD.size, bytes.fromhex(key), google_crc32c.value(data),
-                               len(data) + 1)
-
 
 
 def _no_valid_file(uri: str, empty: list[str], listed: list[Entry]) -> str:

@@ -176,8 +176,9 @@ def decode_image(data: bytes, size: int, max_side: int | None = None, draft: boo
 def pixels(record: bytes) -> Any:
     """A record from :func:`decode_image` as a ``3 x H x W`` uint8 tensor (what torchvision's v2 transforms take):
     channels last in memory, torchvision's fast path for resizing uint8 images. Not a copy: a view of the record's
-    memory (the copy took 5% of a sample's time in a worker). The tensor keeps the whole record alive, padding
-    included, and writing into it in place changes the record's bytes. A read from the cache returns bytes nothing
+    memory (the copy took 5% of a sample's time in a worker). The tensor keeps the whole record alive (padding
+    included, when the record has it: a dataset's later reads of it stop at its picture), and writing into it in
+    place changes the record's bytes. A read from the cache returns bytes nothing
     else holds, so a dataset is safe; to keep pixels for long, or to change them in place when you will use the record
     again, use ``pixels(record).clone()``."""
     import torch

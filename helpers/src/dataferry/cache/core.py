@@ -201,19 +201,25 @@ class Cache:
         return self._by_name(source, item, self._read_verified)
 
     def reread(self, key: str, size: int, crc32c: int, used_up: bool = False) -> bytes | None:
-        """The first ``size`` bytes of a copy this process read checked before, read again with no query of the index
-        and checked against the CRC32C its caller learned of them then; counted as a hit, and ``used_up`` demotes the
-        copy (see :meth:`demote`). None when it is gone or they read back otherwise: then read it as before, which
-        fills it again, or checks it against what the index says now, or names a failing disk."""
+        """The first ``size`` bytes of a copy read checked before, read again with no query of the index and checked
+        against ``crc32c`` (an int, as ``google_crc32c.value`` gives it), what that read learned of them; counted as
+        a hit, and ``used_up`` demotes the copy (see :meth:`demote`). None when it is gone or they read back
+        otherwise: then read it as before, which fills it again, checks it against what the index says now, or
+        names a failing disk. :class:`~dataferry.CachedDataset` reads a sample again through it."""
         self._after_renewal()
         try:
             fd = os.open(self._layout.object_path(key), os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
-            data = os.read(fd, size)  # one call for a local file's first 2 GiB
+            parts = [os.read(fd, size)]  # one call up to 2 GiB, less a page
+            got = len(parts[0])
+            while got < size and (part := os.read(fd, size - got)):
+                parts.append(part)
+                got += len(part)
         finally:
             os.close(fd)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
         if len(data) != size or google_crc32c.value(data) != crc32c:
             return None
         self._counters.add(hits=1, bytes_from_cache=size)

@@ -1,0 +1,59 @@
+"""What checked reads learned of each sample's cached copy, by sample number: a later read of the sample, in any
+process of a DataLoader, reads its copy again with no naming and no query of the index (:meth:`Cache.reread`).
+
+In a persistent DataLoader worker, naming a sample and asking the index for its CRC32C took a tenth of decode-once's
+sample. A shuffled sample goes to any worker each epoch, so the table is shared: anonymous shared memory, made by
+the dataset before the workers fork. Only ever a shortcut: each read is checked against what was learned, and one
+that does not check out is read the slow way, which checks it against what the index says.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from typing import Any
+
+import google_crc32c
+
+from dataferry.cache.core import Cache
+
+__all__ = ["KnownCopies"]
+
+#: The key's SHA-256, the CRC32C of the bytes the sample uses and their size plus one (0: not learned)
+_BODY = struct.Struct("<32sIq")
+#: ... then the CRC32C of that body: a record torn by two writers, or scribbled on, fails it
+_RECORD = struct.Struct("<32sIqI")
+
+
+class KnownCopies:
+    """For each of ``samples`` samples, the key of its copy and the size and CRC32C of the bytes it uses (a record's
+    picture, not its padding), as a checked read learned them; 48 bytes a sample, in shared pages the kernel maps
+    only as they are written. ``kept_by``: the objects that decide which copy a sample reads (the listing, the
+    source, decode-once's decoding); a dataset whose are others needs another table. Pickles empty."""
+
+    def __init__(self, kept_by: tuple[Any, ...], samples: int) -> None:
+        self.kept_by, self.samples = kept_by, samples
+        self._table = mmap.mmap(-1, max(1, samples) * _RECORD.size)  # MAP_SHARED: forked workers write to one
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.kept_by, self.samples)
+
+    def learned_by(self, kept_by: tuple[Any, ...]) -> bool:
+        """Whether this table holds what reads of a dataset kept by these very objects learned."""
+        return len(kept_by) == len(self.kept_by) and all(a is b for a, b in zip(kept_by, self.kept_by))
+
+    def read(self, cache: Cache, index: int, used_up: bool) -> bytes | None:
+        """Sample ``index``'s bytes by what was learned of its copy (see :meth:`Cache.reread`); None when nothing was,
+        or what was does not check out."""
+        at = index * _RECORD.size
+        record = self._table[at:at + _RECORD.size]
+        digest, crc, size, check = _RECORD.unpack(record)
+        if not size or google_crc32c.value(record[:_BODY.size]) != check:
+            return None
+        return cache.reread(digest.hex(), size - 1, crc, used_up)
+
+    def learn(self, index: int, key: str, data: bytes) -> None:
+        """Note that sample ``index``'s copy, under ``key`` (a SHA-256 in hex), begins with ``data``, just checked."""
+        body = _BODY.pack(bytes.fromhex(key), google_crc32c.value(data), len(data) + 1)
+        at = index * _RECORD.size
+        self._table[at:at + _RECORD.size] = body + google_crc32c.value(body).to_bytes(4, "little")

@@ -491,9 +491,12 @@ def test_what_reads_learned_does_not_cross_a_pickle_and_a_refresh_forgets_it(tmp
     and a refresh, which may list other versions, starts afresh."""
     ds = _four_local_samples(tmp_path)
     ds[0]
-    assert len(pickle.dumps(ds)) < 20_000, "no table of copies crosses a pickle"
     copy = pickle.loads(pickle.dumps(ds))
+    statements: list[str] = []
+    copy.cache._index.db().set_trace_callback(statements.append)
     assert copy[0] == bytes([0]) * 50_000
+    assert any("crc32c" in s for s in statements), "the copy learned nothing across the pickle: it asks the index"
+    copy.cache._index.db().set_trace_callback(None)
     (tmp_path / "src" / "0.bin").write_bytes(b"v2")
     ds.refresh()
     assert ds[0] == b"v2"
@@ -504,7 +507,7 @@ def test_what_one_worker_learned_every_process_of_the_loader_uses(tmp_path):
     with the loader's other workers and the process that made them (forked), so a warm epoch reads every sample
     without asking the index, whichever worker read it first."""
     ds = _four_local_samples(tmp_path)
-    loader = DataLoader(ds, batch_size=1, num_workers=2)
+    loader = DataLoader(ds, batch_size=1, num_workers=2, multiprocessing_context="fork")
     assert [batch[0] for batch in loader] == [bytes([i]) * 50_000 for i in range(4)]
     statements: list[str] = []
     ds.cache._index.db().set_trace_callback(statements.append)
@@ -519,7 +522,7 @@ def test_a_scribbled_record_of_what_a_read_learned_is_not_used(tmp_path):
     assert ds[1] == bytes([1]) * 50_000
     table = ds._copies._table
     record = len(table) // 4
-    for flip in (0, 33, record - 1):  # the key, the CRC32C and the record's own check
+    for flip in (0, 33, 43, record - 1):  # the key, the CRC32C, the size's top byte and the record's own check
         ds[1]
         table[record + flip] ^= 0x01
         statements: list[str] = []
@@ -527,3 +530,37 @@ def test_a_scribbled_record_of_what_a_read_learned_is_not_used(tmp_path):
         assert ds[1] == bytes([1]) * 50_000
         assert any("crc32c" in s for s in statements), "read as on its first read, checked by the index"
         ds.cache._index.db().set_trace_callback(None)
+
+
+def test_a_dataset_given_another_source_after_it_was_made_shares_what_its_workers_learn(tmp_path):
+    """Setting what decides which copy a sample reads (here the source, as a copy for another folder would) makes
+    the dataset's new table at once, before its workers fork, so that they still share it."""
+    import copy
+
+    ds = _four_local_samples(tmp_path)
+    (tmp_path / "other").mkdir()
+    for i in range(4):
+        (tmp_path / "other" / f"{i}.bin").write_bytes(bytes([10 + i]) * 50_000)
+    other = copy.copy(ds)
+    other.source = LocalSource(tmp_path / "other")
+    other.refresh()
+    other.source = LocalSource(tmp_path / "other")  # another one, after the listing: a new table, shared
+    loader = DataLoader(other, batch_size=1, num_workers=2, multiprocessing_context="fork")
+    assert [batch[0] for batch in loader] == [bytes([10 + i]) * 50_000 for i in range(4)]
+    statements: list[str] = []
+    other.cache._index.db().set_trace_callback(statements.append)
+    assert [other[i] for i in range(4)] == [bytes([10 + i]) * 50_000 for i in range(4)]
+    assert statements == [], "the workers' reads taught this process every copy"
+    assert [ds[i] for i in range(4)] == [bytes([i]) * 50_000 for i in range(4)], "the original reads its own"
+
+
+def test_a_sample_found_replaced_at_the_source_is_not_read_by_what_reads_of_its_listed_version_learned(tmp_path):
+    """A sample whose listed version was gone at the source before it was cached is read in its new version, and
+    then always the slow way: what reads learn is of the listed versions, shared with processes that read those."""
+    ds = _four_local_samples(tmp_path)
+    (tmp_path / "src" / "2.bin").write_bytes(b"v2" * 100)
+    assert ds[2] == b"v2" * 100
+    statements: list[str] = []
+    ds.cache._index.db().set_trace_callback(statements.append)
+    assert ds[2] == b"v2" * 100
+    assert any("crc32c" in s for s in statements), "read as on its first read, checked by the index"

@@ -34,9 +34,9 @@ class CachedDataset(Dataset):
     """Sample ``i`` is ``decode(bytes of the i-th object)`` (bytes if ``decode`` is None), checked against
     the object's CRC32C on every read (the source's, or the one computed when it was filled; a copy
     damaged on local disk since is read again, never returned): about 13 us more than an unchecked
-    read of a 64 KiB object from a warm cache (30 us instead of 17 us here). A sample read again, in the process
-    that read it or any DataLoader worker forked with it, is checked against the CRC32C that first read learned
-    of its bytes, with no query of the cache's index (:class:`~dataferry.cache.known.KnownCopies`).
+    read of a 64 KiB object from a warm cache (30 us instead of 17 us here). A sample read again, by the process
+    that listed the dataset or a DataLoader worker forked from it, is checked against the CRC32C that a first read
+    learned of its bytes, with no query of the cache's index (:class:`~dataferry.cache.known.KnownCopies`).
 
     ``names`` restricts the dataset to those objects, in that order. ``decode`` must be
     picklable (a module-level function) for DataLoader workers under spawn. A sample once read is
@@ -47,7 +47,7 @@ class CachedDataset(Dataset):
         loader = DataLoader(ds, batch_size=64, num_workers=4, sampler=ds.prefetching(RandomSampler(ds)))
     """
 
-    _copies: KnownCopies | None = None  # what reads learned of each sample's copy
+    _copies: KnownCopies | None = None  # what reads learned of each sample's copy: made with the listing
 
     def __init__(self, source: Source, cache: Cache, decode: Callable[[bytes], Any] | None = None,
                  names: Sequence[str] | None = None) -> None:
@@ -64,9 +64,22 @@ class CachedDataset(Dataset):
 
     def _listed(self, entries: EntryTable) -> None:
         """Read ``entries`` from now on, and nothing learned of an earlier listing."""
-        self.entries = entries
         self._replaced: dict[int, Entry] = {}  # samples found replaced at the source since the listing
-        self._copies = KnownCopies(self._kept_by(), len(entries))  # made before DataLoader workers fork
+        self.entries = entries
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Setting what decides which copy a sample reads (the listing, the source, decode-once's decoding) gives the
+        dataset a new table of what reads learn, made here, before DataLoader workers fork, so that they share it."""
+        super().__setattr__(name, value)
+        if name in ("entries", "source", "decoded") and "entries" in self.__dict__:
+            super().__setattr__("_copies", KnownCopies(self._kept_by(), len(self.entries)))
+
+    def __copy__(self) -> CachedDataset:
+        """``copy.copy`` (to give a dataset another transform): a dataset like this one, with a table of its own."""
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin.entries = self.entries
+        return twin
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -81,14 +94,12 @@ class CachedDataset(Dataset):
         return self.decode(data) if self.decode is not None else data
 
     def _bytes(self, index: int) -> bytes:
-        """Sample ``index``'s bytes as the cache keeps them, checked: a sample read before, by this process or one
-        forked from the same dataset, is read by what that read learned of its copy (:class:`KnownCopies`)."""
+        """Sample ``index``'s bytes as the cache keeps them, checked: a sample read before, by this process or a
+        DataLoader worker forked from it, is read by what that read learned of its copy (:class:`KnownCopies`)."""
         index = range(len(self.entries))[index]
         used_up = self.cache.max_bytes is not None  # under a budget: room comes from what this epoch has read
-        copies, kept_by = self._copies, self._kept_by()
-        if copies is None or not copies.learned_by(kept_by):  # a listing, source or decoding set since
-            copies = self._copies = KnownCopies(kept_by, len(self.entries))
-        data = copies.read(self.cache, index, used_up)
+        copies = self._learning(index)
+        data = copies.read(self.cache, index, used_up) if copies is not None else None
         if data is not None:
             return data
         entry = self.entry(index)
@@ -102,9 +113,19 @@ class CachedDataset(Dataset):
             data = self.cache.read_verified(source, read)
         if used_up:
             self.cache.demote(source, [read])
-        if copies.learned_by(self._kept_by()):  # still what decides which copy is read
+        copies = self._learning(index)  # unless something was set or found replaced meanwhile
+        if copies is not None:
             copies.learn(index, self.cache.key(source, read), data[:self._bytes_used(data)])
         return data
+
+    def _learning(self, index: int) -> KnownCopies | None:
+        """The table of what reads learned, for sample ``index``: none for a sample this process found replaced at
+        the source since the listing (the table is of the listed versions), nor for one made for other attributes
+        (set in another thread, mid-read)."""
+        copies = self._copies
+        if copies is None or index in self._replaced or not copies.learned_by(self._kept_by()):
+            return None
+        return copies
 
     def _kept_as(self, entry: Entry) -> tuple[Source, Entry]:
         """What the cache keeps of ``entry``, as (source, entry): the object itself."""

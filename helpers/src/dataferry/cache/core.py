@@ -212,6 +212,8 @@ class Cache:
         except FileNotFoundError:
             return None
         try:
+            if os.fstat(fd).st_size < size:  # never read more than the copy holds, whatever a record says
+                return None
             parts = [os.read(fd, size)]  # one call up to 2 GiB, less a page
             got = len(parts[0])
             while got < size and (part := os.read(fd, size - got)):

@@ -1,10 +1,12 @@
-"""What checked reads learned of each sample's cached copy, by sample number: a later read of the sample, in any
-process of a DataLoader, reads its copy again with no naming and no query of the index (:meth:`Cache.reread`).
+"""What checked reads learned of each sample's cached copy, by sample number: a later read of the sample, in the
+process that made the table or any process forked from it (DataLoader workers on Linux, before Python 3.14), reads its
+copy again with no naming and no query of the index (:meth:`Cache.reread`). Under spawn or forkserver each worker
+starts an empty table of its own.
 
 In a persistent DataLoader worker, naming a sample and asking the index for its CRC32C took a tenth of decode-once's
 sample. A shuffled sample goes to any worker each epoch, so the table is shared: anonymous shared memory, made by
-the dataset before the workers fork. Only ever a shortcut: each read is checked against what was learned, and one
-that does not check out is read the slow way, which checks it against what the index says.
+the dataset with its listing, before workers fork. Only ever a shortcut: each read is checked against what was
+learned, and one that does not check out is read the slow way, which checks it against what the index says.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ _RECORD = struct.Struct("<32sIqI")
 
 class KnownCopies:
     """For each of ``samples`` samples, the key of its copy and the size and CRC32C of the bytes it uses (a record's
-    picture, not its padding), as a checked read learned them; 48 bytes a sample, in shared pages the kernel maps
-    only as they are written. ``kept_by``: the objects that decide which copy a sample reads (the listing, the
-    source, decode-once's decoding); a dataset whose are others needs another table. Pickles empty."""
+    picture, not its padding), as a checked read learned them; 48 bytes a sample, in shared pages the kernel
+    allocates as they are first touched. ``kept_by``: the objects that decide which copy a sample reads (the
+    listing, the source, decode-once's decoding); the table serves only a dataset with these very objects.
+    Pickles empty."""
 
     def __init__(self, kept_by: tuple[Any, ...], samples: int) -> None:
         self.kept_by, self.samples = kept_by, samples

@@ -530,6 +530,8 @@ def test_a_scribbled_record_of_what_a_read_learned_is_not_used(tmp_path):
         assert ds[1] == bytes([1]) * 50_000
         assert any("crc32c" in s for s in statements), "read as on its first read, checked by the index"
         ds.cache._index.db().set_trace_callback(None)
+    key = ds.cache.key(ds.source, ds.entry(1))
+    assert ds.cache.reread(key, 1 << 60, 0) is None, "never asks for more than the copy holds, whatever a record says"
 
 
 def test_a_dataset_given_another_source_after_it_was_made_shares_what_its_workers_learn(tmp_path):
@@ -564,3 +566,41 @@ def test_a_sample_found_replaced_at_the_source_is_not_read_by_what_reads_of_its_
     ds.cache._index.db().set_trace_callback(statements.append)
     assert ds[2] == b"v2" * 100
     assert any("crc32c" in s for s in statements), "read as on its first read, checked by the index"
+
+
+def test_a_read_under_way_while_the_source_is_set_learns_nothing_for_the_new_one(tmp_path):
+    """A read that began before another thread set the dataset's source (and listed it) learns what it read into
+    no table: the new source's samples are never read as the old one's copies."""
+    ds = _four_local_samples(tmp_path)
+    (tmp_path / "other").mkdir()
+    for i in range(4):
+        (tmp_path / "other" / f"{i}.bin").write_bytes(bytes([10 + i]) * 50_000)
+    read = ds.cache.read_verified
+
+    def read_then_switch(source, entry):
+        data = read(source, entry)
+        ds.source = LocalSource(tmp_path / "other")  # what another thread did meanwhile
+        ds.refresh()
+        return data
+
+    ds.cache.read_verified = read_then_switch
+    assert ds[0] == bytes([0]) * 50_000
+    ds.cache.read_verified = read
+    assert [ds[i] for i in range(4)] == [bytes([10 + i]) * 50_000 for i in range(4)]
+
+
+def test_a_copy_of_a_dataset_learns_on_its_own(tmp_path):
+    """``copy.copy`` gives a dataset whose reads learn on their own (compare_decoders times each copy from its own
+    start), and which keeps its own list of samples found replaced at the source."""
+    import copy
+
+    ds = _four_local_samples(tmp_path)
+    ds[0]
+    twin = copy.copy(ds)
+    statements: list[str] = []
+    twin.cache._index.db().set_trace_callback(statements.append)
+    assert twin[0] == bytes([0]) * 50_000
+    assert any("crc32c" in s for s in statements), "the copy asks the index on its first read"
+    twin.cache._index.db().set_trace_callback(None)
+    twin._replaced[1] = twin.entry(1)
+    assert 1 not in ds._replaced

@@ -47,7 +47,7 @@ class CachedDataset(Dataset):
         loader = DataLoader(ds, batch_size=64, num_workers=4, sampler=ds.prefetching(RandomSampler(ds)))
     """
 
-    _copies: KnownCopies | None = None  # what reads learned of each sample's copy: made with the listing
+    _copies: KnownCopies | None = None  # what reads learned of each sample's copy (see __setattr__)
 
     def __init__(self, source: Source, cache: Cache, decode: Callable[[bytes], Any] | None = None,
                  names: Sequence[str] | None = None) -> None:
@@ -69,15 +69,21 @@ class CachedDataset(Dataset):
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Setting what decides which copy a sample reads (the listing, the source, decode-once's decoding) gives the
-        dataset a new table of what reads learn, made here, before DataLoader workers fork, so that they share it."""
+        dataset a new table of what reads learn, made here, before DataLoader workers fork, so that they share it. A
+        read under way meanwhile learns into neither table."""
+        deciding = name in ("entries", "source", "decoded")
+        if deciding:
+            super().__setattr__("_copies", None)
         super().__setattr__(name, value)
-        if name in ("entries", "source", "decoded") and "entries" in self.__dict__:
-            super().__setattr__("_copies", KnownCopies(self._kept_by(), len(self.entries)))
+        if deciding and "entries" in self.__dict__:
+            super().__setattr__("_copies", KnownCopies(len(self.entries)))
 
     def __copy__(self) -> CachedDataset:
-        """``copy.copy`` (to give a dataset another transform): a dataset like this one, with a table of its own."""
+        """``copy.copy`` (to give a dataset another transform or decoding): a dataset like this one, whose reads
+        learn on their own (each of ``compare_decoders``' pipelines is timed from its own start)."""
         twin = type(self).__new__(type(self))
         twin.__dict__.update(self.__dict__)
+        twin._replaced = dict(self._replaced)
         twin.entries = self.entries
         return twin
 
@@ -98,7 +104,7 @@ class CachedDataset(Dataset):
         DataLoader worker forked from it, is read by what that read learned of its copy (:class:`KnownCopies`)."""
         index = range(len(self.entries))[index]
         used_up = self.cache.max_bytes is not None  # under a budget: room comes from what this epoch has read
-        copies = self._learning(index)
+        copies = self._copies if index not in self._replaced else None  # it holds what reads of listed versions learned
         data = copies.read(self.cache, index, used_up) if copies is not None else None
         if data is not None:
             return data
@@ -113,27 +119,13 @@ class CachedDataset(Dataset):
             data = self.cache.read_verified(source, read)
         if used_up:
             self.cache.demote(source, [read])
-        copies = self._learning(index)  # unless something was set or found replaced meanwhile
-        if copies is not None:
+        if copies is not None and copies is self._copies and index not in self._replaced:  # nothing set or found since
             copies.learn(index, self.cache.key(source, read), data[:self._bytes_used(data)])
         return data
-
-    def _learning(self, index: int) -> KnownCopies | None:
-        """The table of what reads learned, for sample ``index``: none for a sample this process found replaced at
-        the source since the listing (the table is of the listed versions), nor for one made for other attributes
-        (set in another thread, mid-read)."""
-        copies = self._copies
-        if copies is None or index in self._replaced or not copies.learned_by(self._kept_by()):
-            return None
-        return copies
 
     def _kept_as(self, entry: Entry) -> tuple[Source, Entry]:
         """What the cache keeps of ``entry``, as (source, entry): the object itself."""
         return self.source, entry
-
-    def _kept_by(self) -> tuple[Any, ...]:
-        """What decides which copy sample ``i`` reads: the listing and the source."""
-        return self.entries, self.source
 
     def _bytes_used(self, data: bytes) -> int:
         """How many of a sample's first bytes it uses (all)."""
@@ -211,10 +203,6 @@ class CachedImageFolder(CachedDataset):
     def _kept_as(self, entry: Entry) -> tuple[Source, Entry]:
         """What the cache keeps of ``entry``: the image itself, or decode-once's record of it."""
         return (self.source, entry) if self.decoded is None else (self.decoded, self.decoded.entry(entry))
-
-    def _kept_by(self) -> tuple[Any, ...]:
-        """What decides which copy sample ``i`` reads: the listing, the source and decode-once's decoding."""
-        return self.entries, self.source, self.decoded
 
     def _bytes_used(self, data: bytes) -> int:
         """How many of a sample's first bytes it uses: all of an image's, a record's picture (not its padding)."""

@@ -5,8 +5,9 @@ starts an empty table of its own.
 
 In a persistent DataLoader worker, naming a sample and asking the index for its CRC32C took a tenth of decode-once's
 sample. A shuffled sample goes to any worker each epoch, so the table is shared: anonymous shared memory, made by
-the dataset with its listing, before workers fork. Only ever a shortcut: each read is checked against what was
-learned, and one that does not check out is read the slow way, which checks it against what the index says.
+the dataset whenever what decides which copy a sample reads is set (its listing, its source, decode-once's
+decoding), before workers fork. Only ever a shortcut: each read is checked against what was learned, and one that
+does not check out is read the slow way, which checks it against what the index says.
 """
 
 from __future__ import annotations
@@ -30,20 +31,14 @@ _RECORD = struct.Struct("<32sIqI")
 class KnownCopies:
     """For each of ``samples`` samples, the key of its copy and the size and CRC32C of the bytes it uses (a record's
     picture, not its padding), as a checked read learned them; 48 bytes a sample, in shared pages the kernel
-    allocates as they are first touched. ``kept_by``: the objects that decide which copy a sample reads (the
-    listing, the source, decode-once's decoding); the table serves only a dataset with these very objects.
-    Pickles empty."""
+    allocates as they are first touched. Pickles empty."""
 
-    def __init__(self, kept_by: tuple[Any, ...], samples: int) -> None:
-        self.kept_by, self.samples = kept_by, samples
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
         self._table = mmap.mmap(-1, max(1, samples) * _RECORD.size)  # MAP_SHARED: forked workers write to one
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.kept_by, self.samples)
-
-    def learned_by(self, kept_by: tuple[Any, ...]) -> bool:
-        """Whether this table holds what reads of a dataset kept by these very objects learned."""
-        return len(kept_by) == len(self.kept_by) and all(a is b for a, b in zip(kept_by, self.kept_by))
+        return type(self), (self.samples,)
 
     def read(self, cache: Cache, index: int, used_up: bool) -> bytes | None:
         """Sample ``index``'s bytes by what was learned of its copy (see :meth:`Cache.reread`); None when nothing was,

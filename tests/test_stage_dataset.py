@@ -532,6 +532,8 @@ def test_a_scribbled_record_of_what_a_read_learned_is_not_used(tmp_path):
         ds.cache._index.db().set_trace_callback(None)
     key = ds.cache.key(ds.source, ds.entry(1))
     assert ds.cache.reread(key, 1 << 60, 0) is None, "never asks for more than the copy holds, whatever a record says"
+    assert ds._copies.read(ds.cache, 4, False) is None, "a table shorter than the listing a read began with"
+    ds._copies.learn(4, key, b"x")
 
 
 def test_a_dataset_given_another_source_after_it_was_made_shares_what_its_workers_learn(tmp_path):

@@ -45,6 +45,8 @@ class KnownCopies:
         or what was does not check out."""
         at = index * _RECORD.size
         record = self._table[at:at + _RECORD.size]
+        if len(record) < _RECORD.size:  # a table for a shorter listing, set while this read began
+            return None
         digest, crc, size, check = _RECORD.unpack(record)
         if not size or google_crc32c.value(record[:_BODY.size]) != check:
             return None
@@ -54,4 +56,5 @@ class KnownCopies:
         """Note that sample ``index``'s copy, under ``key`` (a SHA-256 in hex), begins with ``data``, just checked."""
         body = _BODY.pack(bytes.fromhex(key), google_crc32c.value(data), len(data) + 1)
         at = index * _RECORD.size
-        self._table[at:at + _RECORD.size] = body + google_crc32c.value(body).to_bytes(4, "little")
+        if at + _RECORD.size <= len(self._table):
+            self._table[at:at + _RECORD.size] = body + google_crc32c.value(body).to_bytes(4, "little")

@@ -128,8 +128,9 @@ class CropOnDevice:
     """Batches of decode-once pixels from ``loader`` (a DataLoader over ``CachedImageFolder(..., decode_once=...)``
     without a ``transform``, with ``collate_fn=collate_pixels``; or over any dataset of ``3 x H x W`` uint8 images
     without one), moved to ``device`` and there cropped and resized as ``RandomResizedCrop(size, scale, ratio)``
-    does (``torchvision.ops.roi_align`` on each image: one kernel that averages the pixels each output pixel covers, the image's own edge repeated past it; along a box edge
-    inside the image it interpolates with the pixels beyond, where torchvision repeats the edge), and flipped at
+    does (``torchvision.ops.roi_align`` on each image: one kernel that averages the pixels each output pixel
+    covers, the image's own edge repeated past it; along a box edge inside the image it interpolates with the
+    pixels beyond, where torchvision repeats the edge), and flipped at
     random (``flip``): ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only read and
     check each record. Iterate it once per epoch, as the DataLoader::
 

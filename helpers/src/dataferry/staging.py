@@ -176,9 +176,9 @@ class Prefetcher:
     prefetching sampler do it). Fills are queued in small batches (``width // 8``, at least 1, at most ``ahead``),
     a whole one once the window has room for it, and a batch that finishes queues more at once, so one slow object
     holds one slot, not the reader's whole window: reads of prefetched items are cache hits, and a read of an item
-    still downloading waits for that one download instead of starting a second. An entry for which ``needs_source(entry)`` is
-    False is passed over, and takes no room ahead (its reader needs nothing from the source: decode-once's record
-    of it is cached).
+    still downloading waits for that one download instead of starting a second. An entry for which
+    ``needs_source(entry)`` is False is passed over, and takes no room ahead (its reader needs nothing from the
+    source: decode-once's record of it is cached).
     """
 
     def __init__(self, source: Source, cache: Cache, order: Sequence[Entry], ahead: int | None = None,

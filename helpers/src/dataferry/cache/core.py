@@ -24,7 +24,7 @@ from dataferry.cache.counters import CacheStats, Counters
 from dataferry.cache.errors import CacheFolderError, CacheFullWarning, DamagedOnDisk
 from dataferry.cache.fill import FillEngine, Filled
 from dataferry.cache.index import Index
-from dataferry.cache.layout import CHUNK, Layout, printable
+from dataferry.cache.layout import Layout, printable
 from dataferry.cache.layout import key as entry_key
 from dataferry.cache.locks import FillLocks, renew_after_fork
 from dataferry.cache.many import FillsAhead, fill_many
@@ -39,15 +39,19 @@ T = TypeVar("T")
 UNVOUCHED_READS = 20
 
 
+def _read_up_to(fd: int, limit: int) -> bytes:
+    """The next ``limit`` bytes of a file, fewer at its end: one call up to 2 GiB, less a page."""
+    parts = [os.read(fd, limit)]
+    got = len(parts[0])
+    while got < limit and (part := os.read(fd, limit - got)):
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def _read_all(fd: int, size: int) -> bytes:
-    """Read a whole file of expected ``size`` (one syscall when it is that size)."""
-    data = os.read(fd, size + 1)
-    if len(data) == size + 1 or len(data) == 0 or len(data) == size:
-        return data
-    parts = [data]
-    while chunk := os.read(fd, CHUNK):
-        parts.append(chunk)
-    return b"".join(parts)
+    """Read a whole file of expected ``size``, or one byte more: enough to tell it is not that size."""
+    return _read_up_to(fd, size + 1)
 
 
 def _refuse_more_than_the_disk(root: Path, min_free_bytes: int) -> None:
@@ -214,14 +218,9 @@ class Cache:
         try:
             if os.fstat(fd).st_size < size:  # never read more than the copy holds, whatever a record says
                 return None
-            parts = [os.read(fd, size)]  # one call up to 2 GiB, less a page
-            got = len(parts[0])
-            while got < size and (part := os.read(fd, size - got)):
-                parts.append(part)
-                got += len(part)
+            data = _read_up_to(fd, size)
         finally:
             os.close(fd)
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
         if len(data) != size or google_crc32c.value(data) != crc32c:
             return None
         self._counters.add(hits=1, bytes_from_cache=size)

@@ -127,9 +127,9 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
     best = ranked[0]
     # decoders whose intervals overlap the fastest's (not PIL: the fastest's own interval says that, above)
     tied = [d for d in ranked[1:] if d != "pil" and gains[d][2] >= gains[best][1]]
+    tied_names = f"{', '.join(tied[:-1])} or {tied[-1]}" if len(tied) > 1 else "".join(tied)
     said.append(f"The fastest was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "")
-                + (f", not told apart from {' or '.join([', '.join(tied[:-1]), tied[-1]] if tied[:-1] else tied)} by "
-                   "this run" if tied else "") + ": "
+                + (f", not told apart from {tied_names} by this run" if tied else "") + ": "
                 + ("it kept the accelerator busy at least 90% of the time." if au[best] >= 0.9 else
                    f"even so the accelerator waited {1 - au[best]:.0%} of the time, every image already on local disk."))
     slack = [d for d in rate.index if not on_gpu(d) and workers * 1000 / ms[d] > 2 * rate[d]]

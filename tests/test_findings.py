@@ -637,16 +637,17 @@ def test_mlperf_storages_thresholds_by_workload():
     assert target_for("a 4-layer CNN")[1].endswith("(this model has no threshold of its own)")
 
 
-def _au_rows(method_aus, samples=640, workers=2):
-    """Rows of 20 steps of 32 whose pipeline (1 + 2 x 2 steps) took half the epoch: steady AU ``au``."""
+def _au_rows(method_aus, samples=640, workers=2, fill=0.5):
+    """Rows of 20 steps of 32 whose pipeline (1 + 2 x 2 steps) took ``fill`` of the epoch: steady AU ``au``."""
     import pandas as pd
 
     rows = []
     for m, aus in method_aus.items():
         for r, au in enumerate(aus):
             for p in (1, 2):  # compute after the fill = au x (ns - fill); over all 20 steps: x 20 / 15
-                rows.append({"method": m, "pass": p, "au": au * 0.5 * 20 / 15, "ns": 1e9, "first_byte_ns": 0.5e9,
-                             "samples": samples, "concurrency": workers, "error": "", "repeat": r})
+                rows.append({"method": m, "pass": p, "au": au * (1 - fill) * 20 / 15, "ns": 1e9,
+                             "first_byte_ns": fill * 1e9, "samples": samples, "concurrency": workers, "error": "",
+                             "repeat": r})
     return pd.DataFrame(rows)
 
 
@@ -662,6 +663,24 @@ def test_the_steady_state_is_judged_against_the_threshold_by_its_interval(aus, v
     said = " ".join(au.utilisation(_au_rows({"local": aus}), PROFILES["resnet50-v100-fp32"], "lab:x", ["local"], 5, 32))
     assert verdict in said
     assert ("Even local disk stayed below the threshold" in said) is ("below it: local" in verdict)
+
+
+@pytest.mark.parametrize("fill, said_so", [(0.5, True), (0.25, False)])
+def test_a_way_that_passes_only_once_its_pipeline_is_full_is_said_to_wait_at_each_epochs_start(fill, said_so):
+    """Steady AU 95% in every run: with the fill half the epoch, the whole later epochs ran at 63% (below 90%), and
+    the verdict that passes the way says what its epochs waited for; with a quarter, at 95 x 0.75 x 20/15 = 95%."""
+    from dataferry.harness.feed import PROFILES
+    from dataferry.course.findings import au
+
+    said = au.utilisation(_au_rows({"gcsfuse": [0.95] * 5}, fill=fill), PROFILES["resnet50-v100-fp32"], "lab:x",
+                          ["gcsfuse"], 5, 32).sentences
+    assert "In the steady state, at or above 90%: gcsfuse; below it: no method." in said
+    start = [s for s in said if s.startswith("gcsfuse: at or above 90% only once")]
+    assert bool(start) is said_so
+    if said_so:
+        assert start == ["gcsfuse: at or above 90% only once the pipeline was full: its later epochs as a whole ran at "
+                         "63% (each epoch's start, the first step and the batches fetched ahead, is what the "
+                         "accelerator waited for; an epoch of many more steps spreads it thin)."]
 
 
 def test_an_epoch_no_longer_than_its_pipelines_fill_has_no_steady_state_to_judge():

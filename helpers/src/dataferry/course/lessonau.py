@@ -107,9 +107,9 @@ def au_runs(data: AUData, profiles: list[Any], folder: Path, *, epochs: int, rep
 
 def decoding_run(course: Course, data: AUData, n: int, compute_name: str, *, epochs: int, workers: int,
                  batch_size: int, seed: int = 0, real_gpu: str = "auto") -> tuple[Any, str, int]:
-    """Flower photos staged into one cache, then the same training loop once per way of decoding
-    (:func:`dataferry.harness.bench.decoders.compare_decoders`): its rows, what it fed, and the workers (one per CPU at
-    most: decoding is CPU work)."""
+    """Flower photos staged into one cache (in the lab, under the first of its region profiles), then the same training
+    loop once per way of decoding (:func:`dataferry.harness.bench.decoders.compare_decoders`): its rows, each with
+    ``where`` it ran, what it fed, and the workers (one per CPU at most: decoding is CPU work)."""
     import pandas as pd
 
     from dataferry import GCSSource
@@ -134,12 +134,16 @@ def decoding_run(course: Course, data: AUData, n: int, compute_name: str, *, epo
         compute.warm_up((batch_size, 3, 224, 224))
         fed = f"a real ResNet-50 on {torch.cuda.get_device_name(0)}"
     else:
-        compute = EmulatedCompute(PROFILES[compute_name])
-        fed = f"{compute_name} (emulated, {PROFILES[compute_name].samples_per_s:.0f} images/s)"
+        profile = PROFILES[compute_name]
+        compute = EmulatedCompute(profile)
+        fed = (f"{compute_name} (emulated: {profile.model} on {profile.accelerator}, {profile.samples_per_s:.0f} "
+               f"images/s; source: {profile.source})")
     width = min(workers, os.cpu_count() or 1)
-    rows = compare_decoders(source, data.work / f"decoders-{time.time_ns()}", compute, workers=width,
-                            batch_size=batch_size, epochs=epochs, names=names, seed=seed, say=lambda line: None)
-    return pd.DataFrame(rows), fed, width
+    lab_profile, region = data.regions[0]
+    with data.lab.using_profile(lab_profile) if data.lab is not None else contextlib.nullcontext():
+        rows = compare_decoders(source, data.work / f"decoders-{time.time_ns()}", compute, workers=width,
+                                batch_size=batch_size, epochs=epochs, names=names, seed=seed, say=lambda line: None)
+    return pd.DataFrame(rows).assign(where=region.region), fed, width
 
 
 def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int, real: str = "auto") -> Any:

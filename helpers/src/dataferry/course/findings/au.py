@@ -51,7 +51,7 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
     at, whose = target_for(profile.model)
     ok = rows[(rows["error"].fillna("") == "") & (rows["pass"] >= 1)].assign(steady_au=lambda r: steady(r, batch_size))
     said = [f"{profile.name} ({profile.samples_per_s:.0f} samples/s); the threshold is {whose}."]
-    passing, failing, unsure, short = [], [], [], []
+    passing, failing, unsure, short, at_start = [], [], [], [], []
     for m in methods:
         mine = ok[ok["method"] == m]
         if mine.empty:
@@ -67,6 +67,11 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
                     + (f" [95% CI {low:.0%}, {high:.0%}]." if low == low else ", too few runs for an interval."))
         if low == low and low >= at:
             passing.append(m)
+            if later["au"].median() < at:
+                at_start.append(f"{m}: at or above {at:.0%} only once the pipeline was full: its later epochs as a whole "
+                                f"ran at {later['au'].median():.0%} (each epoch's start, the first step and the batches "
+                                "fetched ahead, is what the accelerator waited for; an epoch of many more steps spreads "
+                                "it thin).")
         elif low == low and high < at:
             failing.append(m)
         else:
@@ -74,6 +79,7 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
     if passing or failing:
         said.append(f"In the steady state, at or above {at:.0%}: {', '.join(passing) or 'no method'}; below it: "
                     f"{', '.join(failing) or 'no method'}.")
+    said += at_start
     if unsure:
         said.append(f"{', '.join(unsure)}: the interval straddles {at:.0%} (or rests on too few runs), so this run "
                     "cannot say; raise REPEATS.")

@@ -35,19 +35,33 @@ def test_every_method_feeds_epochs_and_only_the_local_ones_keep_a_far_accelerato
     assert state[("gcsfuse-cache", 2)] == "daemon_warm"
     assert {r for (m, _), r in zip(zip(rows["method"], rows["pass"]), rows["bound_by"]) if m == "api"} == {"loader"}
     table = au_table(rows)
-    assert "| 24 | 64 KiB | lab:cross-continent | cpu | test-fast | api | 2 |" in table, table
+    assert "| 24 | 64 KiB | lab:cross-continent | cpu | test-fast | api | 2 | cold_verified |" in table, table
+    assert "| 24 | 64 KiB | lab:cross-continent | cpu | test-fast | stage | 2 | local_copy |" in table, table
 
 
-def test_the_au_table_never_pools_two_lessons_or_two_sample_counts():
+def test_the_au_table_never_pools_two_lessons_two_sample_counts_or_two_cache_states():
     import pandas as pd
 
-    def rows(lesson, samples, au):
+    def rows(lesson, samples, au, state="cold_verified"):
         return pd.DataFrame({"phase": "train", "error": "", "region": "lab:near", "compute_profile": "p", "method": "cache",
                              "pass": 1, "file": f"({samples} samples)", "samples": samples, "bytes": samples * 65536,
-                             "ns": 10**9, "au": au, "bound_by": "loader", "lesson": lesson, "runtime": "cpu"},
-                            index=range(3))
+                             "ns": 10**9, "au": au, "bound_by": "loader", "lesson": lesson, "runtime": "cpu",
+                             "cache_state": state}, index=range(3))
 
     table = au_table(pd.concat([rows("08_will_my_gpu_starve", 128, 0.2), rows("08_will_my_gpu_starve", 16, 0.9),
-                                rows("bench", 128, 0.5)], ignore_index=True)).splitlines()
-    assert table[0].startswith("| lesson | samples | sample size | region | runtime |") and len(table) == 2 + 3, table
-    assert "| 08_will_my_gpu_starve | 16 | 64 KiB | lab:near | cpu | p | cache | 1 | 90% (90%-90%) | 3 | 16 | loader |" in table, table
+                                rows("bench", 128, 0.5), rows("bench", 128, 0.7, "local_copy")],
+                               ignore_index=True)).splitlines()
+    assert table[0].startswith("| lesson | samples | sample size | region | runtime |") and len(table) == 2 + 4, table
+    assert "| epoch | cache state | AU median" in table[0], table
+    assert ("| 08_will_my_gpu_starve | 16 | 64 KiB | lab:near | cpu | p | cache | 1 | cold_verified | 90% (90%-90%) | 3 | "
+            "16 | loader |") in table, table
+    assert "| bench | 128 | 64 KiB | lab:near | cpu | p | cache | 1 | local_copy | 70% (70%-70%) | 3 | 128 | loader |" in table
+
+
+def test_the_au_table_of_rows_that_name_no_cache_state_says_so():
+    import pandas as pd
+
+    rows = pd.DataFrame({"phase": "train", "error": "", "region": "lab:near", "compute_profile": "p", "method": "cache",
+                         "pass": 1, "samples": 16, "bytes": 16 * 65536, "ns": 10**9, "au": 0.5, "bound_by": "loader",
+                         "runtime": "cpu", "cache_state": None}, index=range(2))
+    assert "| 16 | 64 KiB | lab:near | cpu | p | cache | 1 | not recorded | 50% (50%-50%) | 2 |" in au_table(rows)

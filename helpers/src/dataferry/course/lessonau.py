@@ -136,8 +136,7 @@ def decoding_run(course: Course, data: AUData, n: int, compute_name: str, *, epo
     else:
         profile = PROFILES[compute_name]
         compute = EmulatedCompute(profile)
-        fed = (f"{compute_name} (emulated: {profile.model} on {profile.accelerator}, {profile.samples_per_s:.0f} "
-               f"images/s; source: {profile.source})")
+        fed = f"{compute_name} (emulated: {profile.model} on {profile.accelerator}, {profile.samples_per_s:.0f} images/s)"
     width = min(workers, os.cpu_count() or 1)
     lab_profile, region = data.regions[0]
     with data.lab.using_profile(lab_profile) if data.lab is not None else contextlib.nullcontext():

@@ -158,15 +158,17 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
 
 
 def au_table(rows: Any) -> str:
-    """A markdown table: median AU (min-max, n) per setting x compute profile x method x epoch. A setting is a
-    lesson (when the rows name one), a sample count, a sample size, a region and a runtime kind: rows differing
-    in any are never pooled."""
+    """A markdown table: median AU (min-max, n) per setting x compute profile x method x epoch x cache state. A
+    setting is a lesson (when the rows name one), a sample count, a sample size, a region and a runtime kind: rows
+    differing in any are never pooled."""
     ok = rows[(rows["phase"] == "train") & (rows["error"] == "")]
     ok = ok.assign(n_samples=ok["samples"].fillna(0).astype(int),
-                   size=[size_text(b / n) if n else "-" for b, n in zip(ok["bytes"].fillna(0), ok["samples"].fillna(0))])
+                   size=[size_text(b / n) if n else "-" for b, n in zip(ok["bytes"].fillna(0), ok["samples"].fillna(0))],
+                   cache_state=ok["cache_state"].fillna("not recorded") if "cache_state" in ok.columns else "not recorded")
     keys = (["lesson"] if "lesson" in ok.columns else []) + ["n_samples", "size", "region", "runtime", "compute_profile",
-                                                             "method", "pass"]
-    names = {"n_samples": "samples", "size": "sample size", "compute_profile": "compute profile", "pass": "epoch"}
+                                                             "method", "pass", "cache_state"]
+    names = {"n_samples": "samples", "size": "sample size", "compute_profile": "compute profile", "pass": "epoch",
+             "cache_state": "cache state"}
     head = [names.get(k, k) for k in keys]
     lines = ["| " + " | ".join(head) + " | AU median (min-max) | n | samples/s | bound by |", "|" + "---|" * (len(head) + 4)]
     for key, g in ok.groupby(keys):

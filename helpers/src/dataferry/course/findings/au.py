@@ -140,9 +140,10 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
                    f"even so the accelerator waited {1 - au[best]:.0%} of the time, every image already on local disk."))
     slack = [d for d in rate.index if not on_gpu(d) and workers * 1000 / ms[d] > 2 * rate[d]]
     if slack:
-        what = " (decode-once: crop and flip; it decodes nothing after epoch 1)" if any(
+        what = " (for decode-once, only its crop and flip: it decodes nothing after epoch 1)" if any(
             d.startswith("decode-once") for d in slack) else ""
-        said.append(f"For {', '.join(slack)}, {workers} workers could decode{what} at their one-core costs more than twice the "
-                    "images/s the loop ran at: decoding is one part of an image's cost; the rest (reading, collating, "
-                    "handing batches over, the CPUs the workers share) is not profiled here.")
+        names = f"{', '.join(slack[:-1])} and {slack[-1]}" if len(slack) > 1 else slack[0]
+        said.append(f"For {names}, {workers} workers at their one-core costs could go more than twice as fast as the loop "
+                    f"ran: decoding{what} is only part of an image's cost here; the rest (reading, collating, handing "
+                    "batches over, the CPUs the workers share) is not profiled in this lesson.")
     return Conclusion(where, said)

@@ -410,12 +410,12 @@ def test_missing_bucket_and_folder_are_clear(lab_env, tmp_path):
 
 def test_a_disk_that_returns_damaged_bytes_is_a_local_disk_error_and_never_served(tmp_path, monkeypatch):
     """A disk that reads back other bytes than were written (it cannot be made to fail here, so the
-    cache's one read of a cached file, ``core._read_all``, flips a byte as such a disk would): a verified read
+    cache's one read of a cached file, ``reads._read_all``, flips a byte as such a disk would): a verified read
     of a cached copy checks it, and the copies it fills again after a damaged one (a read that fills a copy is
     handed the bytes its fill checked, so the copy is cached first here), never returns the damaged bytes, and after its refetches says
     the local disk is at fault: a ``DamagedOnDisk``, an ``OSError`` like every cache-folder error, not a
     ``SourceError``. Bytes damaged in every download stay a ``DamagedAtSource``, a ``SourceError``."""
-    import dataferry.cache.core as core
+    import dataferry.cache.reads as core
     from dataferry.cache import ChecksumError, DamagedAtSource, DamagedOnDisk
 
     (tmp_path / "src").mkdir()
@@ -444,7 +444,7 @@ def test_a_disk_that_keeps_shortening_copies_is_named_though_a_read_that_fills_i
                                                                                                     monkeypatch):
     """A copy read back the wrong size is dropped and filled again, and that copy is read back too (not handed
     over as the fill held it): a disk that keeps shortening what it stores is named, a ``DamagedOnDisk``."""
-    import dataferry.cache.core as core
+    import dataferry.cache.reads as core
     from dataferry.cache import DamagedOnDisk
 
     (tmp_path / "src").mkdir()

@@ -492,7 +492,7 @@ def test_a_read_that_fills_a_small_object_is_handed_the_bytes_its_fill_checked(t
     came, not the copy read back (one open, read and CRC32C less a file). The copy is whole on disk with its row
     and checksum, and the next read reads it back and checks it. An object too big to hold in memory (over
     ``HELD_MAX``) is written as it comes and read back, as before."""
-    import dataferry.cache.core as core
+    import dataferry.cache.reads as core
     from dataferry.cache.checksum import b64
     from dataferry.cache.sides import HELD_MAX
 

@@ -728,6 +728,33 @@ def test_decode_once_is_said_to_crop_and_flip_where_the_others_decode():
                             "fast as the loop ran: decoding (for decode-once, only its crop and flip:") for s in said)
 
 
+@pytest.mark.parametrize("steady, verdict", [
+    (0.93, "The fastest was torchvision (2.00x PIL): once the pipeline was full it kept the accelerator busy at least 90% "
+           "of the time (whole epochs: AU 60%)."),
+    (0.85, "The fastest was torchvision (2.00x PIL): even so, once the pipeline was full, the accelerator waited 15% of "
+           "the time, every image already on local disk."),
+    (None, "The fastest was torchvision (2.00x PIL): even so the accelerator waited 40% of the time, every image "
+           "already on local disk."),
+])
+def test_the_fastest_decoder_is_judged_in_the_steady_state_as_the_ways_of_reading_are(steady, verdict):
+    """Each decoder's AU is said whole and once its pipeline was full; the fastest is judged against 90% in the
+    steady state (as lesson 08 judges every way of reading), on both sides of it, and by whole epochs only where
+    the rows have no steady figure."""
+    import pandas as pd
+
+    from dataferry.course.findings import au
+
+    rows = pd.DataFrame([{"decoder": d, "epoch": e, "samples_per_s": rate, "au": whole, "steady_au": steady,
+                          "decode_ms_per_sample": 4.0} for d, rate, whole in (("pil", 200, 0.3), ("torchvision", 400, 0.6))
+                         for e in range(1, 5)])
+    said = au.decoding(rows, 2, 2, "an emulated V100", "lab:x").sentences
+    assert verdict in said, said
+    if steady is not None:
+        assert said[0].endswith(f"200 images/s, AU 30%, {steady:.0%} once the pipeline was full."), said[0]
+        assert any(s.startswith("torchvision: 2.00x") and s.endswith(f"AU 60%, {steady:.0%} once the pipeline was full.")
+                   for s in said), said
+
+
 @pytest.mark.parametrize("second, apart", [(410, False), (800, True)])
 def test_the_fastest_decoder_is_named_with_any_the_run_cannot_tell_from_it(second, apart):
     """Two decoders whose gains over PIL overlap (their 95% intervals) are not told apart by the run: the fastest is

@@ -57,6 +57,19 @@ def test_keep_appends_rows_with_their_columns_and_time(course):
     assert rows["time_utc"].str.endswith("Z").all()
 
 
+def test_keep_of_rows_with_other_columns_than_the_kept_ones_puts_each_value_under_its_own_column(course):
+    """A rerun after an upgrade may keep rows with a column more, or the same columns in another order: appended
+    as they are, values land under another column's header (or the CSV no longer reads). Every row keeps its
+    values under their own names; a column a row lacks is empty."""
+    path = course.keep([{"decoder": "pil", "au": 0.5}], "08_au/decoders.csv", fed="x")
+    course.keep([{"au": 0.7, "decoder": "torchvision", "where": "lab:near"}], "08_au/decoders.csv", fed="y")
+    course.keep([{"decoder": "torchcodec", "au": 0.9}], "08_au/decoders.csv", fed="z")
+    rows = pd.read_csv(path)
+    assert list(rows["decoder"]) == ["pil", "torchvision", "torchcodec"] and list(rows["au"]) == [0.5, 0.7, 0.9]
+    assert list(rows["fed"]) == ["x", "y", "z"] and rows["where"].isna().tolist() == [True, False, True]
+    assert rows["where"][1] == "lab:near" and rows["time_utc"].str.endswith("Z").all()
+
+
 def test_cache_stats_subtract_to_what_happened_between():
     assert CacheStats(hits=5, misses=3, wait_s=1.5) - CacheStats(hits=2, misses=3, wait_s=0.5) == \
         CacheStats(hits=3, wait_s=1.0)

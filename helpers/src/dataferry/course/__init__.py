@@ -312,7 +312,9 @@ class Course:
 
     def keep(self, rows: Any, name: str, **columns: Any) -> Path:
         """Append ``rows`` (dicts or a DataFrame) to the CSV ``name`` under the results folder, each with
-        ``columns`` (e.g. ``where=data.label``) and the time it was kept: every run's rows stay."""
+        ``columns`` (e.g. ``where=data.label``) and the time it was kept: every run's rows stay. Rows whose columns
+        differ from the file's (a later version's) are not appended under its header: the file is written again,
+        whole, with every column (empty where a row has none)."""
         import pandas as pd
 
         path = self.results_dir / name
@@ -320,7 +322,14 @@ class Course:
             return path  # nothing measured: no header without rows
         path.parent.mkdir(parents=True, exist_ok=True)
         table = pd.DataFrame(rows).assign(**columns, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        table.to_csv(path, mode="a", header=not path.exists(), index=False)
+        kept = list(pd.read_csv(path, nrows=0).columns) if path.exists() else None
+        if kept is None or kept == list(table.columns):
+            table.to_csv(path, mode="a", header=kept is None, index=False)
+            return path
+        whole = pd.concat([pd.read_csv(path, dtype=str, keep_default_na=False), table], ignore_index=True)  # kept as written
+        partial = path.with_name(f".{path.name}.partial")
+        whole.to_csv(partial, index=False)
+        os.replace(partial, path)  # never half a file, even if this run is stopped now
         return path
 
     def region(self, override: str = "", lab_profile: str | None = None) -> Region:

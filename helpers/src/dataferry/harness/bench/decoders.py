@@ -226,7 +226,7 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
             files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if ds.decoded is not None else
                      [cache.path(source, e) for e in ds.entries])
             dropped = evict(files).cache_state == "cold_verified"
-            states.append(f"cache warm, page cache {'dropped' if dropped else 'not fully dropped'}")
+            states.append("local_copy" if dropped else "page_warm")  # MEASUREMENT.md's names, as the AU rows use
 
         sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
         collate, crops_on_device = on_device.get(name, (None, None))

@@ -70,6 +70,22 @@ def test_keep_of_rows_with_other_columns_than_the_kept_ones_puts_each_value_unde
     assert rows["where"][1] == "lab:near" and rows["time_utc"].str.endswith("Z").all()
 
 
+def test_keep_sets_a_kept_csv_that_no_longer_reads_aside_says_so_and_starts_a_new_one(course):
+    """An older version appended rows with a column more under the kept header: the file no longer reads. The
+    lesson still keeps its rows: the unreadable file is moved aside whole (nothing in it changed) and said so in
+    one line, and the rows start a new file."""
+    path = course.results_dir / "08_au" / "decoders.csv"
+    path.parent.mkdir(parents=True)
+    damaged = "decoder,au\npil,0.5\ntorchvision,0.7,lab:near\n"
+    path.write_text(damaged)
+    with pytest.warns(UserWarning, match=r"08_au/decoders.csv does not read as a table .* kept as decoders.csv.unreadable-"):
+        course.keep([{"decoder": "torchcodec", "au": 0.9}], "08_au/decoders.csv", fed="z")
+    rows = pd.read_csv(path)
+    assert list(rows["decoder"]) == ["torchcodec"] and list(rows["fed"]) == ["z"]
+    aside = list(path.parent.glob("decoders.csv.unreadable-*"))
+    assert len(aside) == 1 and aside[0].read_text() == damaged
+
+
 def test_cache_stats_subtract_to_what_happened_between():
     assert CacheStats(hits=5, misses=3, wait_s=1.5) - CacheStats(hits=2, misses=3, wait_s=0.5) == \
         CacheStats(hits=3, wait_s=1.0)

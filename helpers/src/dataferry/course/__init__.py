@@ -29,6 +29,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -314,7 +315,8 @@ class Course:
         """Append ``rows`` (dicts or a DataFrame) to the CSV ``name`` under the results folder, each with
         ``columns`` (e.g. ``where=data.label``) and the time it was kept: every run's rows stay. Rows whose columns
         differ from the file's (a later version's) are not appended under its header: the file is written again,
-        whole, with every column (empty where a row has none)."""
+        whole, with every column (empty where a row has none). A file that does not read as a table is moved aside,
+        unchanged, and said so."""
         import pandas as pd
 
         path = self.results_dir / name
@@ -322,11 +324,20 @@ class Course:
             return path  # nothing measured: no header without rows
         path.parent.mkdir(parents=True, exist_ok=True)
         table = pd.DataFrame(rows).assign(**columns, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        kept = list(pd.read_csv(path, nrows=0).columns) if path.exists() else None
-        if kept is None or kept == list(table.columns):
+        kept = None
+        if path.exists():
+            try:
+                kept = pd.read_csv(path, dtype=str, keep_default_na=False)  # every value as it was written
+            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+                aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+                os.replace(path, aside)
+                warnings.warn(f"{name} does not read as a table (an older version may have appended rows with other "
+                              f"columns): kept as {aside.name} beside it, unchanged; this run's rows start a new "
+                              f"{path.name}", UserWarning, stacklevel=2)
+        if kept is None or list(kept.columns) == list(table.columns):
             table.to_csv(path, mode="a", header=kept is None, index=False)
             return path
-        whole = pd.concat([pd.read_csv(path, dtype=str, keep_default_na=False), table], ignore_index=True)  # kept as written
+        whole = pd.concat([kept, table], ignore_index=True)
         partial = path.with_name(f".{path.name}.partial")
         whole.to_csv(partial, index=False)
         os.replace(partial, path)  # never half a file, even if this run is stopped now

@@ -729,29 +729,37 @@ def test_decode_once_is_said_to_crop_and_flip_where_the_others_decode():
 
 
 @pytest.mark.parametrize("steady, verdict", [
-    (0.93, "The fastest was torchvision (2.00x PIL): once the pipeline was full it kept the accelerator busy at least 90% "
-           "of the time (whole epochs: AU 60%)."),
-    (0.85, "The fastest was torchvision (2.00x PIL): even so, once the pipeline was full, the accelerator waited 15% of "
-           "the time, every image already on local disk."),
-    (None, "The fastest was torchvision (2.00x PIL): even so the accelerator waited 40% of the time, every image "
-           "already on local disk."),
+    ([0.92, 0.93, 0.94, 0.93, 0.92], "once the pipeline was full it kept the accelerator busy at least 90% of the time "
+                                     "(AU 93% [95% CI"),
+    ([0.84, 0.85, 0.86, 0.85, 0.84], "even so, once the pipeline was full, the accelerator waited 15% of the time (AU 85% "
+                                     "[95% CI"),
+    ([0.80, 0.95, 0.99, 0.85, 0.92], "an interval that straddles 90%: this run cannot say whether it kept the "
+                                     "accelerator busy; raise DECODE_EPOCHS."),
+    ([0.93, 0.95], "once the pipeline was full its AU was 94%, over too few epochs for an interval"),
+    (None, "even so the accelerator waited 40% of the time, every image already on local disk."),
 ])
 def test_the_fastest_decoder_is_judged_in_the_steady_state_as_the_ways_of_reading_are(steady, verdict):
-    """Each decoder's AU is said whole and once its pipeline was full; the fastest is judged against 90% in the
-    steady state (as lesson 08 judges every way of reading), on both sides of it, and by whole epochs only where
-    the rows have no steady figure."""
+    """Each decoder's AU is said whole and once its pipeline was full; the fastest is judged against 90% by the
+    interval of its later epochs' steady AU (as lesson 08 judges every way of reading, over runs): at or above it,
+    below it, straddling it, over too few epochs for one; by whole epochs where the rows have no steady figure."""
     import pandas as pd
 
     from dataferry.course.findings import au
 
-    rows = pd.DataFrame([{"decoder": d, "epoch": e, "samples_per_s": rate, "au": whole, "steady_au": steady,
-                          "decode_ms_per_sample": 4.0} for d, rate, whole in (("pil", 200, 0.3), ("torchvision", 400, 0.6))
-                         for e in range(1, 5)])
+    later = steady or [None] * 3
+    rows = pd.DataFrame([{"decoder": d, "epoch": e + 1, "samples_per_s": rate * (1 + 0.01 * e), "au": whole,
+                          "steady_au": s, "decode_ms_per_sample": 4.0}
+                         for d, rate, whole in (("pil", 200, 0.3), ("torchvision", 400, 0.6))
+                         for e, s in enumerate([None, *later])])
     said = au.decoding(rows, 2, 2, "an emulated V100", "lab:x").sentences
-    assert verdict in said, said
+    fastest = [s for s in said if s.startswith("The fastest was torchvision (")]
+    assert len(fastest) == 1 and verdict in fastest[0], said
     if steady is not None:
-        assert said[0].endswith(f"200 images/s, AU 30%, {steady:.0%} once the pipeline was full."), said[0]
-        assert any(s.startswith("torchvision: 2.00x") and s.endswith(f"AU 60%, {steady:.0%} once the pipeline was full.")
+        import statistics
+
+        mid = statistics.median(steady)
+        assert said[0].endswith(f"AU 30%, {mid:.0%} once the pipeline was full."), said[0]
+        assert any(s.startswith("torchvision: 2.") and s.endswith(f"AU 60%, {mid:.0%} once the pipeline was full.")
                    for s in said), said
 
 

@@ -102,6 +102,28 @@ def where_said(region: str) -> str:
     return f"region {region}" if region and region != "unknown" else "region not found"
 
 
+def _busy(whole: float, steady: Any) -> str:
+    """What the fastest decoder did for the accelerator: judged against 90% once its pipeline was full, by the 95%
+    interval of its later epochs' steady AU (as the ways of reading are, over runs); by whole epochs (``whole``, the
+    median) where the rows have no steady figure."""
+    values = steady.dropna() if steady is not None else None
+    if values is None or values.empty:
+        return ("it kept the accelerator busy at least 90% of the time." if whole >= 0.9 else
+                f"even so the accelerator waited {1 - whole:.0%} of the time, every image already on local disk.")
+    med, (low, high) = values.median(), _ci(values)
+    if low != low:
+        return (f"once the pipeline was full its AU was {med:.0%}, over too few epochs for an interval: this run cannot "
+                "say whether it kept the accelerator busy; raise DECODE_EPOCHS.")
+    if low >= 0.9:
+        return (f"once the pipeline was full it kept the accelerator busy at least 90% of the time (AU {med:.0%} [95% CI "
+                f"{low:.0%}, {high:.0%}]; whole epochs: {whole:.0%}).")
+    if high < 0.9:
+        return (f"even so, once the pipeline was full, the accelerator waited {1 - med:.0%} of the time (AU {med:.0%} "
+                f"[95% CI {low:.0%}, {high:.0%}]), every image already on local disk.")
+    return (f"once the pipeline was full its AU was {med:.0%} [95% CI {low:.0%}, {high:.0%}], an interval that straddles "
+            "90%: this run cannot say whether it kept the accelerator busy; raise DECODE_EPOCHS.")
+
+
 def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclusion:
     """``rows``: :func:`dataferry.harness.bench.decoders.compare_decoders`'s, per decoder and epoch; epochs after the
     first are compared, the fastest judged once its pipeline was full (``steady_au``, where the rows have it). A
@@ -139,15 +161,9 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
     # decoders whose intervals overlap the fastest's (not PIL: the fastest's own interval says that, above)
     tied = [d for d in ranked[1:] if d != "pil" and gains[d][2] >= gains[best][1]]
     tied_names = f"{', '.join(tied[:-1])} or {tied[-1]}" if len(tied) > 1 else "".join(tied)
-    full = steady[best] == steady[best]  # judged once the pipeline was full, as the ways of reading are
-    judged = steady[best] if full else au[best]
     said.append(f"The fastest was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "")
                 + (f", not told apart from {tied_names} by this run" if tied else "") + ": "
-                + (("once the pipeline was full it kept the accelerator busy at least 90% of the time (whole epochs: "
-                    f"AU {au[best]:.0%})." if full else "it kept the accelerator busy at least 90% of the time.")
-                   if judged >= 0.9 else
-                   f"even so{', once the pipeline was full,' if full else ''} the accelerator waited {1 - judged:.0%} of "
-                   "the time, every image already on local disk."))
+                + _busy(au[best], rows[(rows["epoch"] > 1) & (rows["decoder"] == best)].get("steady_au")))
     slack = [d for d in rate.index if not on_gpu(d) and workers * 1000 / ms[d] > 2 * rate[d]]
     if slack:
         what = " (for decode-once, only its crop and flip: it decodes nothing after epoch 1)" if any(

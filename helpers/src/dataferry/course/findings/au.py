@@ -161,7 +161,7 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
     # decoders whose intervals overlap the fastest's (not PIL: the fastest's own interval says that, above)
     tied = [d for d in ranked[1:] if d != "pil" and gains[d][2] >= gains[best][1]]
     tied_names = f"{', '.join(tied[:-1])} or {tied[-1]}" if len(tied) > 1 else "".join(tied)
-    said.append(f"The fastest was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "")
+    said.append(f"The fastest by images/s was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "")
                 + (f", not told apart from {tied_names} by this run" if tied else "") + ": "
                 + _busy(au[best], rows[(rows["epoch"] > 1) & (rows["decoder"] == best)].get("steady_au")))
     slack = [d for d in rate.index if not on_gpu(d) and workers * 1000 / ms[d] > 2 * rate[d]]

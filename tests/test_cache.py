@@ -408,6 +408,34 @@ def test_missing_bucket_and_folder_are_clear(lab_env, tmp_path):
         GCSSource("gs://bucket/prefix")
 
 
+def test_a_cache_no_longer_referenced_is_freed_at_once_with_its_parts(tmp_path):
+    """No reference cycle keeps a dropped Cache (and its index connection, its lock file, its place among the caches
+    renewed after every fork) alive until a garbage collection."""
+    import gc
+    import weakref
+
+    cache = Cache(tmp_path / "c")
+    cache.usage()
+    gone = weakref.ref(cache)
+    gc.disable()
+    try:
+        del cache
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("call", ["read", "open"])
+def test_the_warning_that_an_object_does_not_fit_points_at_the_callers_line(tmp_path, call):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.bin").write_bytes(b"x" * 5000)
+    source, cache = LocalSource(tmp_path / "src"), Cache(tmp_path / "c", max_bytes=1000, min_free_bytes=0)
+    with pytest.warns(CacheFullWarning, match="does not fit in the cache") as caught:
+        got = getattr(cache, call)(source, "big.bin")
+        assert (got if call == "read" else got.read()) == b"x" * 5000
+    assert caught[0].filename == __file__, (caught[0].filename, caught[0].lineno)
+
+
 def test_a_disk_that_returns_damaged_bytes_is_a_local_disk_error_and_never_served(tmp_path, monkeypatch):
     """A disk that reads back other bytes than were written (it cannot be made to fail here, so the
     cache's one read of a cached file, ``reads._read_all``, flips a byte as such a disk would): a verified read

@@ -763,6 +763,21 @@ def test_the_fastest_decoder_is_judged_in_the_steady_state_as_the_ways_of_readin
                    for s in said), said
 
 
+def test_rows_without_a_steady_figure_judge_the_fastest_decoder_by_whole_epochs_on_both_sides():
+    import pandas as pd
+
+    from dataferry.course.findings import au
+
+    for whole, verdict in ((0.95, "it kept the accelerator busy at least 90% of the time."),
+                           (0.85, "even so the accelerator waited 15% of the time")):
+        rows = pd.DataFrame([{"decoder": d, "epoch": e, "samples_per_s": rate * (1 + 0.01 * e), "au": a,
+                              "decode_ms_per_sample": 4.0}
+                             for d, rate, a in (("pil", 200, 0.5), ("torchvision", 400, whole)) for e in range(1, 5)])
+        said = au.decoding(rows, 2, 2, "an emulated V100", "lab:x").sentences
+        fastest = [s for s in said if s.startswith("The fastest by images/s was torchvision")]
+        assert len(fastest) == 1 and verdict in fastest[0], said
+
+
 @pytest.mark.parametrize("second, apart", [(410, False), (800, True)])
 def test_the_fastest_decoder_is_named_with_any_the_run_cannot_tell_from_it(second, apart):
     """Two decoders whose gains over PIL overlap (their 95% intervals) are not told apart by the run: the fastest is

@@ -61,13 +61,25 @@ def test_keep_of_rows_with_other_columns_than_the_kept_ones_puts_each_value_unde
     """A rerun after an upgrade may keep rows with a column more, or the same columns in another order: appended
     as they are, values land under another column's header (or the CSV no longer reads). Every row keeps its
     values under their own names; a column a row lacks is empty."""
-    path = course.keep([{"decoder": "pil", "au": 0.5}], "08_au/decoders.csv", fed="x")
-    course.keep([{"au": 0.7, "decoder": "torchvision", "where": "lab:near"}], "08_au/decoders.csv", fed="y")
-    course.keep([{"decoder": "torchcodec", "au": 0.9}], "08_au/decoders.csv", fed="z")
+    path = course.keep([{"decoder": "pil", "au": 0.5, "epoch": 2}], "08_au/decoders.csv", fed="x")
+    course.keep([{"au": 0.7, "epoch": 3, "decoder": "torchvision", "where": "lab:near", "workers": 2}],
+                "08_au/decoders.csv", fed="y")
+    course.keep([{"decoder": "torchcodec", "au": 0.9, "epoch": 4}], "08_au/decoders.csv", fed="z")
     rows = pd.read_csv(path)
     assert list(rows["decoder"]) == ["pil", "torchvision", "torchcodec"] and list(rows["au"]) == [0.5, 0.7, 0.9]
     assert list(rows["fed"]) == ["x", "y", "z"] and rows["where"].isna().tolist() == [True, False, True]
     assert rows["where"][1] == "lab:near" and rows["time_utc"].str.endswith("Z").all()
+    lines = [line.split(",") for line in path.read_text().splitlines()]
+    assert [line[lines[0].index("epoch")] for line in lines[1:]] == ["2", "3", "4"], "whole numbers stay whole"
+    assert [line[lines[0].index("workers")] for line in lines[1:]] == ["", "2", ""], "whole numbers stay whole"
+
+
+def test_keep_into_an_empty_file_writes_its_header_and_rows(course):
+    path = course.results_dir / "05_budget" / "passes.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text("")
+    course.keep([{"hits": 1}], "05_budget/passes.csv")
+    assert list(pd.read_csv(path)["hits"]) == [1] and not list(path.parent.glob("*.unreadable-*"))
 
 
 def test_keep_sets_a_kept_csv_that_no_longer_reads_aside_says_so_and_starts_a_new_one(course):

@@ -3,10 +3,12 @@ locks, fill engine and checked reads) and owns what is per process, renewed afte
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -45,6 +47,12 @@ def _refuse_more_than_the_disk(root: Path, min_free_bytes: int) -> None:
     if min_free_bytes > total:
         raise BadArgument(f"min_free_bytes={min_free_bytes} is more than the whole disk of {root} ({total} bytes): "
                           "the cache could never keep a file; give less (the default keeps 1 GiB free)")
+
+
+def _describe(cache: Callable[[], Cache | None]) -> str:
+    """The cache's ``repr``, through a weak reference: its parts never keep it alive."""
+    alive = cache()
+    return repr(alive) if alive is not None else "(a cache since dropped)"
 
 
 class Cache:
@@ -121,7 +129,7 @@ class Cache:
                                  retry_deadline_s=self.retry_deadline_s)
         self._ahead = FillsAhead(self._fills)
         self._reads = Reads(self.root, self._layout, self._index, self._fills, self._counters, self._locks,
-                            self.max_refetches, self.__repr__)
+                            self.max_refetches, functools.partial(_describe, weakref.ref(self)))  # no cycle
         self._swept = 0  # the index's renewals this process has cleaned up after
 
     def __getstate__(self) -> dict:

@@ -8,10 +8,12 @@ import errno
 import fcntl
 import io
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import BinaryIO
 
 import google_crc32c
@@ -45,6 +47,19 @@ def _read_up_to(fd: int, limit: int) -> bytes:
 def _read_all(fd: int, size: int) -> bytes:
     """Read a whole file of expected ``size``, or one byte more: enough to tell it is not that size."""
     return _read_up_to(fd, size + 1)
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` at which a warning raised by the caller of this points at the first frame outside this
+    package's cache (a read, an open and a path reach a warning through different depths)."""
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _HERE:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_HERE = os.path.dirname(__file__)
 
 
 class Reads:
@@ -119,7 +134,8 @@ class Reads:
 
     def _stream(self, source: Source, entry: Entry, refusal: str) -> bytes:
         warnings.warn(f"{where(source, printable(entry.name))} ({entry.size / 1e6:.1f} MB) does not fit in the cache "
-                      f"{self._describe()}: {refusal}; reading it straight from the source", CacheFullWarning, stacklevel=6)
+                      f"{self._describe()}: {refusal}; reading it straight from the source", CacheFullWarning,
+                      stacklevel=_callers_level())
         return self._fills.stream_now(source, entry)
 
     def _known_crc(self, entry: Entry, key: str, filled: str | None, wait: bool = True) -> str | None:

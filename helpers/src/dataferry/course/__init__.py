@@ -325,7 +325,7 @@ class Course:
         path.parent.mkdir(parents=True, exist_ok=True)
         table = pd.DataFrame(rows).assign(**columns, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         kept = None
-        if path.exists():
+        if path.exists() and path.stat().st_size:  # an empty file is written afresh, header first
             try:
                 kept = pd.read_csv(path, dtype=str, keep_default_na=False)  # every value as it was written
             except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
@@ -337,7 +337,7 @@ class Course:
         if kept is None or list(kept.columns) == list(table.columns):
             table.to_csv(path, mode="a", header=kept is None, index=False)
             return path
-        whole = pd.concat([kept, table], ignore_index=True)
+        whole = pd.concat([kept, table.astype(object)], ignore_index=True)  # a whole number stays whole beside gaps
         partial = path.with_name(f".{path.name}.partial")
         whole.to_csv(partial, index=False)
         os.replace(partial, path)  # never half a file, even if this run is stopped now

@@ -169,7 +169,7 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     from dataferry.dataset import CachedImageFolder
     from dataferry.harness.feed import feed
     from dataferry.staging import stage
-    from dataferry.harness.pagecache import evict
+    from dataferry.harness.pagecache import evict, residency_state
 
     on_cuda = getattr(compute, "mode", None) == "cuda"
     decoders = list(DECODERS) + ([GPU] if on_cuda else []) if decoders is None else list(decoders)
@@ -226,7 +226,8 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
             files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if ds.decoded is not None else
                      [cache.path(source, e) for e in ds.entries])
             dropped = evict(files).cache_state == "cold_verified"
-            states.append("local_copy" if dropped else "page_warm")  # MEASUREMENT.md's names, as the AU rows use
+            # MEASUREMENT.md's names: the cache's copies, dropped from the page cache; else what mincore finds left
+            states.append("local_copy" if dropped else residency_state(files))
 
         sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
         collate, crops_on_device = on_device.get(name, (None, None))

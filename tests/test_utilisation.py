@@ -53,8 +53,8 @@ def test_the_au_table_never_pools_two_lessons_two_sample_counts_or_two_cache_sta
                                ignore_index=True)).splitlines()
     assert table[0].startswith("| lesson | samples | sample size | region | runtime |") and len(table) == 2 + 4, table
     assert "| epoch | cache state | AU median" in table[0], table
-    assert ("| 08_will_my_gpu_starve | 16 | 64 KiB | lab:near | cpu | p | cache | 1 | cold_verified | 90% (90%-90%) | 3 | "
-            "16 | loader |") in table, table
+    assert "| 08 | 16 | 64 KiB | lab:near | cpu | p | cache | 1 | cold_verified | 90% (90%-90%) | 3 | 16 | loader |" in table, \
+        "a lesson by its number"
     assert "| bench | 128 | 64 KiB | lab:near | cpu | p | cache | 1 | local_copy | 70% (70%-70%) | 3 | 128 | loader |" in table
 
 

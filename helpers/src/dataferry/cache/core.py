@@ -128,8 +128,8 @@ class Cache:
         self._fills = FillEngine(self._index, self._counters, self._locks, max_refetches=self.max_refetches,
                                  retry_deadline_s=self.retry_deadline_s)
         self._ahead = FillsAhead(self._fills)
-        self._reads = Reads(self.root, self._layout, self._index, self._fills, self._counters, self._locks,
-                            self.max_refetches, functools.partial(_describe, weakref.ref(self)))  # no cycle
+        self._reads = Reads(self._layout, self._index, self._fills, self._counters, self._locks,
+                            functools.partial(_describe, weakref.ref(self)))  # no cycle
         self._swept = 0  # the index's renewals this process has cleaned up after
 
     def __getstate__(self) -> dict:

@@ -49,6 +49,9 @@ def _read_all(fd: int, size: int) -> bytes:
     return _read_up_to(fd, size + 1)
 
 
+_HERE = os.path.dirname(__file__)
+
+
 def _callers_level() -> int:
     """The ``stacklevel`` at which a warning raised by the caller of this points at the first frame outside this
     package's cache (a read, an open and a path reach a warning through different depths)."""
@@ -59,17 +62,14 @@ def _callers_level() -> int:
     return level
 
 
-_HERE = os.path.dirname(__file__)
-
-
 class Reads:
     """The reads of one cache folder in this process, from its parts (made again with them after a fork);
     ``describe()`` names the cache in a warning."""
 
-    def __init__(self, root: Path, layout: Layout, index: Index, fills: FillEngine, counters: Counters,
-                 locks: FillLocks, max_refetches: int, describe: Callable[[], str]) -> None:
-        self.root, self._layout, self._index, self._fills = root, layout, index, fills
-        self._counters, self._locks, self.max_refetches, self._describe = counters, locks, max_refetches, describe
+    def __init__(self, layout: Layout, index: Index, fills: FillEngine, counters: Counters, locks: FillLocks,
+                 describe: Callable[[], str]) -> None:
+        self._layout, self._index, self._fills, self._counters, self._locks = layout, index, fills, counters, locks
+        self.root, self.max_refetches, self._describe = layout.root, fills.max_refetches, describe
 
     def again(self, key: str, size: int, crc32c: int, used_up: bool = False) -> bytes | None:
         """:meth:`Cache.reread <dataferry.Cache.reread>`: the first ``size`` bytes of ``key``'s copy, checked against

@@ -183,6 +183,30 @@ class CloudData:
         return f"CloudData({self.uri!r}, {who}, location={self.location!r})"
 
 
+def _kept_rows(path: Path, columns: list[str], name: str) -> Any:
+    """The rows kept in ``path``, every value as it was written, when their columns differ from ``columns`` (the file is
+    then written again, whole); None when rows go on its end: there is no file (an empty one is removed, one that does
+    not read as a table is moved aside, unchanged, and said so), or it has the same columns in the same order."""
+    import pandas as pd
+
+    if not path.exists():
+        return None
+    if not path.stat().st_size:
+        path.unlink()
+        return None
+    try:
+        if list(pd.read_csv(path, nrows=0).columns) == columns:
+            return None  # appended under its header: the file is not read whole
+        return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        os.replace(path, aside)
+        warnings.warn(f"{name} does not read as a table (an older version may have appended rows with other columns): "
+                      f"kept as {aside.name} beside it, unchanged; this run's rows start a new {path.name}",
+                      UserWarning, stacklevel=3)
+        return None
+
+
 class Course:
     """One lesson's run: where it reads, where its results and figures go, and how it ends.
 
@@ -324,18 +348,9 @@ class Course:
             return path  # nothing measured: no header without rows
         path.parent.mkdir(parents=True, exist_ok=True)
         table = pd.DataFrame(rows).assign(**columns, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        kept = None
-        if path.exists() and path.stat().st_size:  # an empty file is written afresh, header first
-            try:
-                kept = pd.read_csv(path, dtype=str, keep_default_na=False)  # every value as it was written
-            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
-                aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-                os.replace(path, aside)
-                warnings.warn(f"{name} does not read as a table (an older version may have appended rows with other "
-                              f"columns): kept as {aside.name} beside it, unchanged; this run's rows start a new "
-                              f"{path.name}", UserWarning, stacklevel=2)
-        if kept is None or list(kept.columns) == list(table.columns):
-            table.to_csv(path, mode="a", header=kept is None, index=False)
+        kept = _kept_rows(path, list(table.columns), name)
+        if kept is None:
+            table.to_csv(path, mode="a", header=not path.exists(), index=False)
             return path
         whole = pd.concat([kept, table.astype(object)], ignore_index=True)  # a whole number stays whole beside gaps
         partial = path.with_name(f".{path.name}.partial")

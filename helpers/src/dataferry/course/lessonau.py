@@ -52,6 +52,10 @@ class AUData:
     def __str__(self) -> str:
         return self.about
 
+    def under(self, lab_profile: str | None) -> Any:
+        """A ``with`` block under that lab region profile (nothing to switch outside the lab)."""
+        return self.lab.using_profile(lab_profile) if self.lab is not None else contextlib.nullcontext()
+
 
 def au_data(course: Course, n: int, file_bytes: int, methods: list[str], *, seed: int = 0, bucket: str = "",
             prefix: str = "", profiles: list[str] | None = None) -> AUData:
@@ -97,7 +101,7 @@ def au_runs(data: AUData, profiles: list[Any], folder: Path, *, epochs: int, rep
     with Results(folder, meta) as results:
         for lab_profile, region in data.regions:
             for p in profiles:
-                with data.lab.using_profile(lab_profile) if data.lab is not None else contextlib.nullcontext():
+                with data.under(lab_profile):
                     compare_au(data.target, results, data.methods, p, region=region, runtime_kind=runtime.kind,
                                epochs=epochs, repeats=repeats, batch_size=batch_size, workers=workers, seed=seed,
                                work=data.work)
@@ -139,7 +143,7 @@ def decoding_run(course: Course, data: AUData, n: int, compute_name: str, *, epo
         fed = f"{compute_name} (emulated: {profile.model} on {profile.accelerator}, {profile.samples_per_s:.0f} images/s)"
     width = min(workers, os.cpu_count() or 1)
     lab_profile, region = data.regions[0]
-    with data.lab.using_profile(lab_profile) if data.lab is not None else contextlib.nullcontext():
+    with data.under(lab_profile):
         rows = compare_decoders(source, data.work / f"decoders-{time.time_ns()}", compute, workers=width,
                                 batch_size=batch_size, epochs=epochs, names=names, seed=seed, say=lambda line: None)
     return pd.DataFrame(rows).assign(where=region.region), fed, width

@@ -102,6 +102,11 @@ def where_said(region: str) -> str:
     return f"region {region}" if region and region != "unknown" else "region not found"
 
 
+def _names(items: list[str], last: str) -> str:
+    """``a, b and c`` (``last`` the final joining word)."""
+    return f"{', '.join(items[:-1])} {last} {items[-1]}" if len(items) > 1 else "".join(items)
+
+
 def _busy(whole: float, steady: Any) -> str:
     """What the fastest decoder did for the accelerator: judged against 90% once its pipeline was full, by the 95%
     interval of its later epochs' steady AU (as the ways of reading are, over runs); by whole epochs (``whole``, the
@@ -160,16 +165,14 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
     best = ranked[0]
     # decoders whose intervals overlap the fastest's (not PIL: the fastest's own interval says that, above)
     tied = [d for d in ranked[1:] if d != "pil" and gains[d][2] >= gains[best][1]]
-    tied_names = f"{', '.join(tied[:-1])} or {tied[-1]}" if len(tied) > 1 else "".join(tied)
     said.append(f"The fastest by images/s was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "")
-                + (f", not told apart from {tied_names} by this run" if tied else "") + ": "
+                + (f", not told apart from {_names(tied, 'or')} by this run" if tied else "") + ": "
                 + _busy(au[best], rows[(rows["epoch"] > 1) & (rows["decoder"] == best)].get("steady_au")))
     slack = [d for d in rate.index if not on_gpu(d) and workers * 1000 / ms[d] > 2 * rate[d]]
     if slack:
         what = " (for decode-once, only its crop and flip: it decodes nothing after epoch 1)" if any(
             d.startswith("decode-once") for d in slack) else ""
-        names = f"{', '.join(slack[:-1])} and {slack[-1]}" if len(slack) > 1 else slack[0]
-        said.append(f"For {names}, {workers} workers at their one-core costs could go more than twice as fast as the loop "
+        said.append(f"For {_names(slack, 'and')}, {workers} workers at their one-core costs could go more than twice as fast as the loop "
                     f"ran: decoding{what} is only part of an image's cost here; the rest (reading, collating, handing "
                     "batches over, the CPUs the workers share) is not profiled in this lesson.")
     return Conclusion(where, said)

@@ -685,6 +685,18 @@ def test_a_way_that_passes_only_once_its_pipeline_is_full_is_said_to_wait_at_eac
                          "accelerator waited for; an epoch of many more steps spreads it thin)."]
 
 
+def test_an_interval_is_printed_rounded_outward_so_it_never_contradicts_its_verdict(monkeypatch):
+    """A low bound of 89.74% printed as 90% sat beside "the interval straddles 90%" in lesson 08's run."""
+    from dataferry.harness.feed import PROFILES
+    from dataferry.course.findings import au
+
+    monkeypatch.setattr(au, "_ci", lambda values: (0.8974, 0.9410))
+    said = au.utilisation(_au_rows({"stage": [0.93] * 5}), PROFILES["resnet50-v100-fp32"], "lab:x", ["stage"], 5,
+                          32).sentences
+    assert any(s.startswith("stage: ") and s.endswith("once their pipeline was full [95% CI 89%, 95%].") for s in said)
+    assert any(s.startswith("stage: the interval straddles 90%") for s in said), said
+
+
 def test_an_epoch_no_longer_than_its_pipelines_fill_has_no_steady_state_to_judge():
     """Four steps with four workers prefetching two batches each: every batch was fetched ahead, so the steps
     after the first barely wait whatever the source. No steady state, no verdict."""

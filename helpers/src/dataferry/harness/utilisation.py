@@ -165,7 +165,7 @@ def au_table(rows: Any) -> str:
     ok = ok.assign(n_samples=ok["samples"].fillna(0).astype(int),
                    size=[size_text(b / n) if n else "-" for b, n in zip(ok["bytes"].fillna(0), ok["samples"].fillna(0))],
                    cache_state=ok["cache_state"].fillna("not recorded") if "cache_state" in ok.columns else "not recorded")
-    if "lesson" in ok.columns:  # a lesson by its number (08_will_my_gpu_starve: 08), so the table fits a page
+    if "lesson" in ok.columns:  # a lesson by its number (its results folder 08_au: 08), so the table fits a page
         ok = ok.assign(lesson=ok["lesson"].astype(str).str.replace(r"^(\d\d)_.*", r"\1", regex=True))
     keys = (["lesson"] if "lesson" in ok.columns else []) + ["n_samples", "size", "region", "runtime", "compute_profile",
                                                              "method", "pass", "cache_state"]

@@ -3,6 +3,7 @@ state against MLPerf Storage's thresholds, and what decoding costs once the file
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dataferry.harness.feed import PREFETCH_FACTOR
@@ -38,6 +39,12 @@ def steady(rows: Any, batch_size: int) -> Any:
     return (compute * (steps - fill) / steps / rest).where((rest > 0) & (steps > fill))
 
 
+def _interval(low: float, high: float) -> str:
+    """A 95% interval in whole percent, rounded outward, so that a printed bound never sits on the other side of
+    a threshold than the verdict beside it (a low of 89.7% printed as 90% beside "straddles 90%")."""
+    return f"[95% CI {math.floor(round(low * 100, 6))}%, {math.ceil(round(high * 100, 6))}%]"
+
+
 def _ci(values: Any) -> tuple[float, float]:
     from dataferry.harness.stats import bootstrap_median_ci
 
@@ -64,7 +71,7 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
         med, (low, high) = values.median(), _ci(values)
         said.append(f"{m}: AU {e1['au'].median():.0%} in epoch 1, {later['au'].median():.0%} in later epochs, {med:.0%} "
                     "once their pipeline was full"
-                    + (f" [95% CI {low:.0%}, {high:.0%}]." if low == low else ", too few runs for an interval."))
+                    + (f" {_interval(low, high)}." if low == low else ", too few runs for an interval."))
         if low == low and low >= at:
             passing.append(m)
             if later["au"].median() < at:
@@ -120,12 +127,12 @@ def _busy(whole: float, steady: Any) -> str:
         return (f"once the pipeline was full its AU was {med:.0%}, over too few epochs for an interval: this run cannot "
                 "say whether it kept the accelerator busy; raise DECODE_EPOCHS.")
     if low >= 0.9:
-        return (f"once the pipeline was full it kept the accelerator busy at least 90% of the time (AU {med:.0%} [95% CI "
-                f"{low:.0%}, {high:.0%}]; whole epochs: {whole:.0%}).")
+        return (f"once the pipeline was full it kept the accelerator busy at least 90% of the time (AU {med:.0%} "
+                f"{_interval(low, high)}; whole epochs: {whole:.0%}).")
     if high < 0.9:
         return (f"even so, once the pipeline was full, the accelerator waited {1 - med:.0%} of the time (AU {med:.0%} "
-                f"[95% CI {low:.0%}, {high:.0%}]), every image already on local disk.")
-    return (f"once the pipeline was full its AU was {med:.0%} [95% CI {low:.0%}, {high:.0%}], an interval that straddles "
+                f"{_interval(low, high)}), every image already on local disk.")
+    return (f"once the pipeline was full its AU was {med:.0%} {_interval(low, high)}, an interval that straddles "
             "90%: this run cannot say whether it kept the accelerator busy; raise DECODE_EPOCHS.")
 
 

@@ -69,3 +69,34 @@ def test_the_au_table_of_rows_that_name_no_cache_state_says_so(recorded):
     if not recorded:
         rows = rows.drop(columns="cache_state")
     assert "| 16 | 64 KiB | lab:near | cpu | p | cache | 1 | not recorded | 50% (50%-50%) | 2 |" in au_table(rows)
+
+
+def test_lesson_08s_real_model_run_has_a_steady_state_at_the_lessons_defaults(tmp_path, monkeypatch):
+    """On a GPU runtime lesson 08 trains a real model through the cache at the lesson's own batch size, so that with
+    its defaults every epoch runs past the pipeline's fill and has a steady AU (at batch 64, its 192 files made 3
+    steps an epoch, all fill: NaN). No GPU here: a small model trains on the CPU, the one part replaced."""
+    import os
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import papermill
+    import torch
+
+    from dataferry import LocalSource
+    from dataferry.course import lessonau
+    from dataferry.harness import feed
+
+    lesson = Path(__file__).parents[1] / "notebooks" / "08_will_my_gpu_starve.ipynb"
+    params = {k: eval(v["default"], {}) for k, v in papermill.inspect_notebook(str(lesson)).items()}
+    folder = tmp_path / "files"
+    folder.mkdir()
+    for i in range(params["N_FILES"]):
+        (folder / f"{i:04d}.bin").write_bytes(os.urandom(params["FILE_BYTES"]))
+    on_the_cpu = feed.TorchCompute
+    monkeypatch.setattr(lessonau, "cuda", lambda real="auto": real != "no")
+    tiny = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 1000))
+    monkeypatch.setattr(feed, "TorchCompute", lambda model, **kw: on_the_cpu(tiny, device="cpu"))
+    data = lessonau.AUData(SimpleNamespace(source=LocalSource(folder)), [], [], tmp_path / "work", "")
+    rows = lessonau.real_gpu(data, feed.PROFILES["resnet50-v100-fp32"], epochs=params["EPOCHS"],
+                             workers=params["NUM_WORKERS"], batch_size=params["BATCH_SIZE"])
+    assert len(rows) == 2 * params["EPOCHS"] and rows["steady AU"].notna().all(), rows

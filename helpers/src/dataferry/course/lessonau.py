@@ -26,13 +26,14 @@ def cuda(real_gpu: str = "auto") -> bool:
     return bool(torch.cuda.is_available()) and real_gpu != "no"
 
 
-def compute_profiles(names: list[str], real_gpu: str = "auto") -> list[Any]:
-    """The named profiles (:data:`dataferry.harness.feed.PROFILES`), and with a GPU this runtime's, measured now."""
+def compute_profiles(names: list[str], real_gpu: str = "auto", batch_size: int = 64) -> list[Any]:
+    """The named profiles (:data:`dataferry.harness.feed.PROFILES`), and with a GPU this runtime's, measured now at
+    ``batch_size`` (the lesson's: a GPU's rate per sample depends on it)."""
     from dataferry.harness.feed import PROFILES, measure_profile
 
     profiles = [PROFILES[name] for name in names]
     if cuda(real_gpu):
-        profiles.append(measure_profile("resnet50", batch_size=64, name="resnet50-this-gpu"))
+        profiles.append(measure_profile("resnet50", batch_size=batch_size, name="resnet50-this-gpu"))
     return profiles
 
 
@@ -149,9 +150,10 @@ def decoding_run(course: Course, data: AUData, n: int, compute_name: str, *, epo
     return pd.DataFrame(rows).assign(where=region.region), fed, width
 
 
-def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int, real: str = "auto") -> Any:
+def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int, batch_size: int, real: str = "auto") -> Any:
     """On a CUDA runtime: a real ResNet-50 trained through the cache beside the emulator's prediction with this
-    GPU's measured ``profile``; a row per mode and epoch. None (said) without a GPU."""
+    GPU's measured ``profile``, at the lesson's ``batch_size`` (with its files, an epoch then runs past the
+    pipeline's fill and has a steady state); a row per mode and epoch. None (said) without a GPU."""
     if not cuda(real):
         print("No CUDA GPU here: the accelerator was emulated only. In Colab, choose a GPU runtime and run again "
               "to train a real model through the cache.")
@@ -163,11 +165,11 @@ def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int, real: str
     from dataferry.harness.feed import EmulatedCompute, TorchCompute, feed, image_sample
 
     resnet = TorchCompute("resnet50")
-    resnet.warm_up((64, 3, 224, 224))
+    resnet.warm_up((batch_size, 3, 224, 224))
     rows = []
     for mode, compute in (("real GPU", resnet), ("emulated", EmulatedCompute(profile))):
         ds = CachedDataset(data.target.source, Cache(data.work / f"gpu-{mode.replace(' ', '-')}"), decode=image_sample)
-        loader = DataLoader(ds, batch_size=64, num_workers=workers, pin_memory=True, persistent_workers=True,
+        loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, pin_memory=True, persistent_workers=True,
                             sampler=ds.prefetching(RandomSampler(ds)))
         for r in feed(loader, compute, epochs=epochs):
             rows.append({"mode": mode, "epoch": r.epoch, "AU": r.au, "steady AU": r.steady_au,

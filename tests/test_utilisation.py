@@ -100,3 +100,14 @@ def test_lesson_08s_real_model_run_has_a_steady_state_at_the_lessons_defaults(tm
     rows = lessonau.real_gpu(data, feed.PROFILES["resnet50-v100-fp32"], epochs=params["EPOCHS"],
                              workers=params["NUM_WORKERS"], batch_size=params["BATCH_SIZE"])
     assert len(rows) == 2 * params["EPOCHS"] and rows["steady AU"].notna().all(), rows
+
+
+@pytest.mark.parametrize("dropped, later", [("cold_verified", "local_copy"), ("cold_unverified", "cold_unverified"),
+                                            ("page_warm", "page_warm")])
+def test_a_later_epoch_through_the_cache_is_a_local_copy_only_when_its_page_cache_drop_was_verified(dropped, later):
+    """Epoch 1 of stage and cache starts from an empty cache; a later one reads the local copies, and says what the
+    drop of their pages left (MEASUREMENT.md rule 2): pages still resident are not a cold local copy."""
+    from dataferry.harness.utilisation import _state
+
+    for method in ("stage", "cache"):
+        assert (_state(method, 1, dropped), _state(method, 2, dropped)) == ("cold_verified", later)

@@ -95,9 +95,12 @@ def _loader(method: str, target: Target, st: dict[str, Any], *, batch_size: int,
 
 
 def _state(method: str, epoch: int, evicted: str) -> str:
-    """The cache state an epoch starts in: ``evicted`` is what mincore said of the files just dropped."""
+    """The cache state an epoch starts in: ``evicted`` is what mincore said of the files just dropped (a later
+    epoch through the cache reads a cold local copy only when the drop of its pages was verified)."""
     if method in ("stage", "cache"):
-        return "cold_verified" if epoch == 1 else "local_copy"  # epoch 1 starts from an empty cache
+        if epoch == 1:
+            return "cold_verified"  # an empty cache: every byte crosses the network
+        return "local_copy" if evicted == "cold_verified" else evicted
     if method == "api":
         return "cold_verified"  # every read crosses the network
     return "daemon_warm" if method == "gcsfuse-cache" and epoch > 1 else evicted

@@ -291,3 +291,25 @@ def test_the_au_figure_keeps_a_linear_percent_axis_when_a_panel_has_no_rows():
         warnings.simplefilter("error")
         fig = au_by_method(rows)
     assert all(ax.get_yscale() == "linear" and ax.get_ylim() == (0, 105) for ax in fig.axes)
+
+
+@pytest.mark.parametrize("passes, later", [((1, 2), "epoch 2"), ((1, 2, 3), "epochs 2-3")])
+def test_the_au_figure_names_its_later_epochs_and_each_ones_cache_state(passes, later):
+    """The legend says which epochs the solid bars are, and the figure the cache state each method's epochs
+    started in (from the rows), or that the rows do not record it."""
+    import pandas as pd
+
+    from dataferry.harness.plots import au_by_method
+
+    def texts(fig):
+        legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+        return legend, " ".join(t.get_text() for t in fig.texts)
+
+    rows = pd.DataFrame([{"phase": "train", "error": "", "pass": p, "method": m, "au": 0.5, "region": "lab:near",
+                          "compute_profile": "a", "lesson": "08", "runtime": "cpu", "bytes": 1, "samples": 1,
+                          "cache_state": "local_copy" if m == "cache" and p > 1 else "cold_verified"} for p in passes for m in ("gcsfuse", "cache")])
+    legend, note = texts(au_by_method(rows))
+    assert legend[:2] == ["epoch 1", later], legend
+    assert (f"cache states: epoch 1 cold_verified (gcsfuse, cache); {later} cold_verified (gcsfuse), "
+            "local_copy (cache)") in note, note
+    assert "cache states: not recorded" in texts(au_by_method(rows.drop(columns="cache_state")))[1]

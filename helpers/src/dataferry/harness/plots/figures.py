@@ -223,7 +223,8 @@ def au_by_method(rows: pd.DataFrame, methods: Sequence[str] | None = None, targe
             ax.set_title(f"{compute}\n{region}", fontsize=9)
             if j == 0:
                 ax.set_ylabel("accelerator utilisation, %")
-    handles = [patch((0.5, 0.5, 0.5), True, "epoch 1"), patch((0.5, 0.5, 0.5), False, "later epochs"),
+    later = _later_epochs(ok)
+    handles = [patch((0.5, 0.5, 0.5), True, "epoch 1"), patch((0.5, 0.5, 0.5), False, later),
                Line2D([], [], color="tab:red", linestyle="--", label=f"{target:.0%} (MLPerf Storage pass)")]
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize=8)
     notes = [f"bars: median of runs; dots: each run; {scope(ok)}" if len(ok) else NO_DATA]
@@ -231,8 +232,32 @@ def au_by_method(rows: pd.DataFrame, methods: Sequence[str] | None = None, targe
         notes.append(LAB_NOTE)
     fig.suptitle("Will the accelerator starve? Utilisation by method, first and later epochs", fontsize=10)
     fig.text(0.01, -0.02, "; ".join(notes), fontsize=8, style="italic", color="0.25")
+    fig.text(0.01, -0.06, _cache_states(ok, methods, later), fontsize=8, style="italic", color="0.25")
     fig.tight_layout()
     return fig
+
+
+def _later_epochs(rows: pd.DataFrame) -> str:
+    """What the later epochs of ``rows`` are: ``epoch 2``, ``epochs 2-4``."""
+    passes = sorted(int(p) for p in rows["pass"].unique() if p > 1)
+    if not passes:
+        return "later epochs"
+    return f"epoch {passes[0]}" if len(passes) == 1 else f"epochs {passes[0]}-{passes[-1]}"
+
+
+def _cache_states(rows: pd.DataFrame, methods: Sequence[str], later: str) -> str:
+    """The cache state each method's epochs started in, epoch 1 and then the later ones, grouped by state."""
+    if "cache_state" not in rows or rows["cache_state"].isna().all():
+        return "cache states: not recorded"
+    parts = []
+    for name, group in (("epoch 1", rows[rows["pass"] == 1]), (later, rows[rows["pass"] > 1])):
+        by_state: dict[str, list[str]] = {}
+        for method in methods:
+            for state in sorted(group.loc[group["method"] == method, "cache_state"].fillna("not recorded").unique()):
+                by_state.setdefault(state, []).append(method)
+        if by_state:
+            parts.append(f"{name} " + ", ".join(f"{state} ({', '.join(ms)})" for state, ms in sorted(by_state.items())))
+    return "cache states: " + "; ".join(parts)
 
 
 def save(fig: Figure, path_without_suffix: str | Path) -> list[Path]:

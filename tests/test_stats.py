@@ -243,7 +243,7 @@ def test_the_summary_never_pools_two_lessons_or_two_file_counts():
     assert firsts == [("02_gcsfuse", 5, 1.0), ("07_measure_by_region", 5, 4.0), ("07_measure_by_region", 12, 9.0)]
     assert len(result["ratios"]) == 3
     table = summary_table(result).splitlines()
-    assert table[0].startswith("| lesson | files | region |") and len(table) == 2 + 3, table
+    assert table[0].startswith("| lesson | files | region |") and len(table) == 2 + 3 + 2, table
     assert any("| 02_gcsfuse | 5 | lab:near | dataferry | 256 KiB | 1.0 (3) | 10.0 (3) |" in line for line in table), table
 
 
@@ -264,3 +264,21 @@ def test_rows_of_two_runtime_kinds_are_two_settings():
     result = summary(rows)
     assert sorted((c["runtime"], c["median"]) for c in result["cells"] if c["pass"] == 1) == [("colab-cpu", 1.0), ("colab-gpu", 3.0)]
     assert summary_table(result).splitlines()[0].startswith("| files | region | runtime |")
+
+
+def test_the_summary_says_the_cache_state_each_column_started_in_and_where_it_ran():
+    """The table's first-read and repeat columns name no state: the line under it says which each method's epochs
+    started in (a method whose repeats started in two states is listed under both), and the runtime a single-runtime
+    table has no column for; rows from before cache states were recorded say so."""
+    from dataferry.harness.bench import summary, summary_table
+
+    rows = pd.concat([_epoch_rows(None, 5, [1.0, 1.0]).assign(method=m) for m in ("gcsfuse", "dataferry")],
+                     ignore_index=True).assign(runtime="local-cpu")
+    rows["cache_state"] = ["cold_verified", "cold_verified", "cold_verified", "page_warm",
+                           "cold_verified", "cold_verified", "local_copy", "local_copy"]
+    table = summary_table(summary(rows)).splitlines()
+    assert table[-1] == ("Each epoch started in: first read cold_verified (dataferry, gcsfuse); repeat cold_verified "
+                         "(gcsfuse), local_copy (dataferry), page_warm (gcsfuse). Runtime: local-cpu."), table
+    assert table[-2] == "" and table[0].startswith("| files | region | method |")
+    old = summary_table(summary(rows.drop(columns=["cache_state", "runtime"]))).splitlines()
+    assert old[-1] == "Each epoch started in: not recorded (rows from before cache states were).", old

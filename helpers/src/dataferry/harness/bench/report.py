@@ -55,7 +55,32 @@ def summary(rows: Any) -> dict[str, Any]:
         if len(first) and len(repeat):
             r, lo, hi = speedup(repeat.to_numpy(float), first.to_numpy(float))
             ratios.append({**dict(zip(keys, key)), "repeat_over_first": r, "ci_low": lo, "ci_high": hi})
-    return {"keys": keys, "cells": cells, "ratios": ratios}
+    runtimes = sorted(ok["runtime"].astype(str).unique()) if "runtime" in ok.columns else []
+    return {"keys": keys, "cells": cells, "ratios": ratios, "started_in": _started_in(ok), "runtimes": runtimes}
+
+
+def _started_in(epochs: Any) -> dict[str, dict[str, list[str]]] | None:
+    """The cache states the first reads and the repeats started in, each with the methods whose epochs did (None:
+    rows from before cache states were recorded)."""
+    if "cache_state" not in epochs.columns or epochs["cache_state"].isna().all():
+        return None
+    states = epochs["cache_state"].fillna("not recorded").astype(str)
+    return {kind: {str(state): sorted(g["method"].astype(str).unique()) for state, g in epochs[part].groupby(states[part])}
+            for kind, part in (("first read", epochs["pass"] == 1), ("repeat", epochs["pass"] >= 2))}
+
+
+def _started_in_line(result: dict[str, Any]) -> str:
+    """What the table's columns started in, and the runtime a table of one runtime has no column for."""
+    started = result["started_in"]
+    if started is None:
+        line = "Each epoch started in: not recorded (rows from before cache states were)."
+    else:
+        line = "Each epoch started in: " + "; ".join(
+            f"{kind} " + ", ".join(f"{state} ({', '.join(methods)})" for state, methods in sorted(by_state.items()))
+            for kind, by_state in started.items() if by_state) + "."
+    if len(result.get("runtimes", [])) == 1:
+        line += f" Runtime: {result['runtimes'][0]}."
+    return line
 
 
 def _order(key: tuple) -> tuple:
@@ -85,6 +110,8 @@ def summary_table(result: dict[str, Any]) -> str:
         shown = [str(v) for k, v in zip(keys, key) if k != "file_bytes"]
         lines.append(f"| {' | '.join(shown)} | {size_text(size) if size == size else '-'} | {cell(first)} "
                      f"| {cell(repeats[0] if repeats else None)} | {rtxt} |")
+    if "started_in" in result:
+        lines += ["", _started_in_line(result)]
     return "\n".join(lines)
 
 

@@ -223,8 +223,8 @@ def au_by_method(rows: pd.DataFrame, methods: Sequence[str] | None = None, targe
             ax.set_title(f"{compute}\n{region}", fontsize=9)
             if j == 0:
                 ax.set_ylabel("accelerator utilisation, %")
-    later = _later_epochs(ok)
-    handles = [patch((0.5, 0.5, 0.5), True, "epoch 1"), patch((0.5, 0.5, 0.5), False, later),
+    later_epochs = _later_epochs(ok)
+    handles = [patch((0.5, 0.5, 0.5), True, "epoch 1"), patch((0.5, 0.5, 0.5), False, later_epochs),
                Line2D([], [], color="tab:red", linestyle="--", label=f"{target:.0%} (MLPerf Storage pass)")]
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize=8)
     notes = [f"bars: median of runs; dots: each run; {scope(ok)}" if len(ok) else NO_DATA]
@@ -232,7 +232,7 @@ def au_by_method(rows: pd.DataFrame, methods: Sequence[str] | None = None, targe
         notes.append(LAB_NOTE)
     fig.suptitle("Will the accelerator starve? Utilisation by method, first and later epochs", fontsize=10)
     fig.text(0.01, -0.02, "; ".join(notes), fontsize=8, style="italic", color="0.25")
-    fig.text(0.01, -0.06, _cache_states(ok, methods, later), fontsize=8, style="italic", color="0.25")
+    fig.text(0.01, -0.06, _cache_states(ok, methods, later_epochs), fontsize=8, style="italic", color="0.25")
     fig.tight_layout()
     return fig
 

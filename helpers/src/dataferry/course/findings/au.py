@@ -45,6 +45,15 @@ def _interval(low: float, high: float) -> str:
     return f"[95% CI {math.floor(round(low * 100, 6))}%, {math.ceil(round(high * 100, 6))}%]"
 
 
+def _beside(value: float, at: float) -> str:
+    """``value`` in whole percent, or to a tenth where whole percent would put it on the other side of ``at`` than
+    it is: an AU of 89.92% beside a verdict that it was below 90% reads 89.9%, not 90%."""
+    if (value < at) == (round(value * 100) < at * 100):
+        return f"{value:.0%}"
+    tenths = math.floor(value * 1000) if value < at else math.ceil(value * 1000)
+    return f"{tenths / 10:.1f}%"
+
+
 def _ci(values: Any) -> tuple[float, float]:
     from dataferry.harness.stats import bootstrap_median_ci
 
@@ -76,7 +85,7 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
             passing.append(m)
             if later["au"].median() < at:
                 at_start.append(f"{m}: at or above {at:.0%} only once the pipeline was full: its later epochs as a whole "
-                                f"ran at {later['au'].median():.0%} (each epoch's start, the first step and the batches "
+                                f"ran at {_beside(later['au'].median(), at)} (each epoch's start, the first step and the batches "
                                 "fetched ahead, is what the accelerator waited for; an epoch of many more steps spreads "
                                 "it thin).")
         elif low == low and high < at:

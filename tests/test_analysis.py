@@ -105,14 +105,15 @@ def _train(method, au, bound, epoch=2, region="lab:colocated"):
      "best reader (dataferry) kept the accelerator busy 90% of the time, bound by compute: reading was no longer the "
      "limit, as the post said."),
     ([_train("dataferry", 0.89, "compute")], "these epochs cannot say whether reading was still the limit."),
-    ([_train("dataferry", 0.95, "loader")], "bound by loader: reading still held training back."),
+    ([_train("dataferry", 0.95, "loader")], "bound by loader: the loader held training back; with no local-disk "
+     "reader beside it, these rows cannot say whether reading or the loader's own work did."),
     ([_train("dataferry", 0.90, "loader"), _train("local", 0.95, "loader")], "reading still held training back."),
     ([_train("cache", 0.10, "loader"), _train("stage", 0.10, "loader"), _train("local", 0.07, "loader")],
-     "local disk, with nothing to fetch, reached 7%, no more, so the loader's own work"),
+     "local disk, with nothing to fetch, reached 7%, no more, so not the network but the disk or the loader's own work"),
     ([_train("cache", 0.11, "loader"), _train("stage", 0.109, "loader"), _train("local", 0.093, "loader")],
      "best readers (cache, stage, local, tied) kept the accelerator busy 11% of the time, bound by loader: local disk, "
-     "with nothing to fetch, reached 9%, no more, so the loader's own work (its workers, decoding), not reading, held "
-     "training back: the post's other factors."),
+     "with nothing to fetch, reached 9%, no more, so not the network but the disk or the loader's own work (its "
+     "workers, their CPUs) held training back; these rows do not tell the two apart."),
     ([_train("dataferry", 0.95, "compute", epoch=1)], None),
 ])
 def test_the_posts_third_finding_is_tested_with_the_training_loop_rows_after_epoch_one(train, verdict):

@@ -254,10 +254,14 @@ class Findings:
                 verdict = ": reading was no longer the limit, as the post said."
             elif bound == "loader" and "local" in best.index and len(fetched) and \
                     best["local"] <= fetched.iloc[0] + AU_TIE:
-                verdict = (f": local disk, with nothing to fetch, reached {best['local']:.0%}, no more, so the loader's "
-                           "own work (its workers, decoding), not reading, held training back: the post's other factors.")
-            elif bound == "loader":
+                verdict = (f": local disk, with nothing to fetch, reached {best['local']:.0%}, no more, so not the "
+                           "network but the disk or the loader's own work (its workers, their CPUs) held training back; "
+                           "these rows do not tell the two apart.")
+            elif bound == "loader" and "local" in best.index:
                 verdict = ": reading still held training back."
+            elif bound == "loader":
+                verdict = (": the loader held training back; with no local-disk reader beside it, these rows cannot say "
+                           "whether reading or the loader's own work did.")
             else:
                 verdict = ": these epochs cannot say whether reading was still the limit."
             runs = int(g.groupby("method").size().min())

@@ -301,14 +301,19 @@ def test_the_au_figure_names_its_later_epochs_and_each_ones_cache_state(passes, 
 
     from dataferry.harness.plots import au_by_method
 
+    def fig_title(fig):
+        return fig._suptitle.get_text()
+
     def texts(fig):
         legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
-        return legend, " ".join(t.get_text() for t in fig.texts)
+        return legend, " ".join(t.get_text().replace("\n", " ") for t in fig.texts)
 
     rows = pd.DataFrame([{"phase": "train", "error": "", "pass": p, "method": m, "au": 0.5, "region": "lab:near",
                           "compute_profile": "a", "lesson": "08", "runtime": "cpu", "bytes": 1, "samples": 1,
                           "cache_state": "local_copy" if m == "cache" and p > 1 else "cold_verified"} for p in passes for m in ("gcsfuse", "cache")])
     legend, note = texts(au_by_method(rows))
+    figure = au_by_method(rows)
+    assert fig_title(figure).endswith(f"epoch 1 and {later}"), fig_title(figure)
     assert legend[:2] == ["epoch 1", later], legend
     assert (f"cache states: epoch 1 cold_verified (gcsfuse, cache); {later} cold_verified (gcsfuse), "
             "local_copy (cache)") in note, note

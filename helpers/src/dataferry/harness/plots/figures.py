@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import cast
 from pathlib import Path
@@ -230,9 +231,10 @@ def au_by_method(rows: pd.DataFrame, methods: Sequence[str] | None = None, targe
     notes = [f"bars: median of runs; dots: each run; {scope(ok)}" if len(ok) else NO_DATA]
     if any(str(r).startswith("lab:") for r in ok["region"]):
         notes.append(LAB_NOTE)
-    fig.suptitle("Will the accelerator starve? Utilisation by method, first and later epochs", fontsize=10)
+    fig.suptitle(f"Will the accelerator starve? Utilisation by method, epoch 1 and {later_epochs}", fontsize=10)
     fig.text(0.01, -0.02, "; ".join(notes), fontsize=8, style="italic", color="0.25")
-    fig.text(0.01, -0.06, _cache_states(ok, methods, later_epochs), fontsize=8, style="italic", color="0.25")
+    states = textwrap.fill(_cache_states(ok, methods, later_epochs), width=int(fig.get_figwidth() * 20))
+    fig.text(0.01, -0.04, states, fontsize=8, style="italic", color="0.25", va="top")
     fig.tight_layout()
     return fig
 

@@ -667,6 +667,19 @@ def test_the_steady_state_is_judged_against_the_threshold_by_its_interval(aus, v
     assert ("Even local disk stayed below the threshold" in said) is ("below it: local" in verdict)
 
 
+@pytest.mark.parametrize("cache_aus, said_so", [([0.5] * 5, True), ([0.95] * 5, False)])
+def test_without_local_disk_rows_the_caches_copies_say_whether_a_faster_source_would_help(cache_aus, said_so):
+    """In Colab lesson 08 has no local reader: when every way that reads the cache's local copies after epoch 1 stays
+    below the threshold, the verdict says a faster source alone would not help; when one passes, it does not."""
+    from dataferry.harness.feed import PROFILES
+    from dataferry.course.findings import au
+
+    rows = _au_rows({"gcsfuse": [0.3] * 5, "stage": [0.5] * 5, "cache": cache_aus})
+    said = " ".join(au.utilisation(rows, PROFILES["resnet50-v100-fp32"], "x", ["gcsfuse", "stage", "cache"], 5, 32))
+    assert ("Even reading the cache's copies on local disk (stage, cache) stayed below the threshold" in said) is said_so
+    assert "Even local disk" not in said
+
+
 @pytest.mark.parametrize("fill, ran_at", [(0.5, "63%"), (1 - 0.8992 * 0.75 / 0.95, "89.9%"), (0.25, None)])
 def test_a_way_that_passes_only_once_its_pipeline_is_full_is_said_to_wait_at_each_epochs_start(fill, ran_at):
     """Steady AU 95% in every run: with the fill half the epoch, the whole later epochs ran at 63% (below 90%), and

@@ -102,10 +102,16 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
     if short:
         said.append(f"{', '.join(short)}: later epochs no longer than the pipeline's fill (the first step and the "
                     "batches the workers fetch ahead) have no steady state, so this run cannot say; raise N_FILES.")
+    copies = [m for m in ("stage", "cache") if m in passing + failing + unsure]  # they read local copies after epoch 1
     if "local" in failing:
         said.append("Even local disk stayed below the threshold in the steady state: a faster source alone would not "
                     "keep this accelerator busy on this runtime; the disk or the work after it (the workers, their "
                     "CPUs) is the limit, and this run does not tell them apart.")
+    elif "local" not in passing + unsure and copies and all(m in failing for m in copies):
+        said.append(f"Even reading the cache's copies on local disk ({', '.join(copies)}) stayed below the threshold "
+                    "in the steady state: a faster source alone would not keep this accelerator busy on this runtime; "
+                    "the disk or the work after it (the workers, their CPUs) is the limit, and this run does not tell "
+                    "them apart.")
     if repeats < 5:
         said.append(f"Only {repeats} run(s) of every method: these medians say little (the course's rule is at least 5).")
     return Conclusion(where_said(region), said)

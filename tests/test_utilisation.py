@@ -96,10 +96,15 @@ def test_lesson_08s_real_model_run_has_a_steady_state_at_the_lessons_defaults(tm
     monkeypatch.setattr(lessonau, "cuda", lambda real="auto": real != "no")
     tiny = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 1000))
     monkeypatch.setattr(feed, "TorchCompute", lambda model, **kw: on_the_cpu(tiny, device="cpu"))
-    data = lessonau.AUData(SimpleNamespace(source=LocalSource(folder)), [], [], tmp_path / "work", "")
+    data = lessonau.AUData(SimpleNamespace(source=LocalSource(folder)), [(None, detect_region())], [], tmp_path / "work",
+                           "")
     rows = lessonau.real_gpu(data, feed.PROFILES["resnet50-v100-fp32"], epochs=params["EPOCHS"],
                              workers=params["NUM_WORKERS"], batch_size=params["BATCH_SIZE"])
     assert len(rows) == 2 * params["EPOCHS"] and rows["steady AU"].notna().all(), rows
+    # each epoch says where it ran and what it started from: an empty cache, then the copies with their pages dropped
+    assert (rows["where"] == detect_region().region).all()
+    assert list(rows["cache state"][rows["epoch"] == 1]) == ["cold_verified"] * 2
+    assert set(rows["cache state"][rows["epoch"] > 1]) <= {"local_copy", "cold_unverified", "page_warm"}, rows
 
 
 @pytest.mark.parametrize("dropped, later", [("cold_verified", "local_copy"), ("cold_unverified", "cold_unverified"),
@@ -107,7 +112,7 @@ def test_lesson_08s_real_model_run_has_a_steady_state_at_the_lessons_defaults(tm
 def test_a_later_epoch_through_the_cache_is_a_local_copy_only_when_its_page_cache_drop_was_verified(dropped, later):
     """Epoch 1 of stage and cache starts from an empty cache; a later one reads the local copies, and says what the
     drop of their pages left (MEASUREMENT.md rule 2): pages still resident are not a cold local copy."""
-    from dataferry.harness.utilisation import _state
+    from dataferry.harness.utilisation import epoch_state
 
     for method in ("stage", "cache"):
-        assert (_state(method, 1, dropped), _state(method, 2, dropped)) == ("cold_verified", later)
+        assert (epoch_state(method, 1, dropped), epoch_state(method, 2, dropped)) == ("cold_verified", later)

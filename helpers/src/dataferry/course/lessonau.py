@@ -153,7 +153,9 @@ def decoding_run(course: Course, data: AUData, n: int, compute_name: str, *, epo
 def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int, batch_size: int, real: str = "auto") -> Any:
     """On a CUDA runtime: a real ResNet-50 trained through the cache beside the emulator's prediction with this
     GPU's measured ``profile``, at the lesson's ``batch_size`` (with its files, an epoch then runs past the
-    pipeline's fill and has a steady state); a row per mode and epoch. None (said) without a GPU."""
+    pipeline's fill and has a steady state); a row per mode and epoch, with where it ran and the state the epoch
+    started in (before each later epoch the cache's copies are dropped from the page cache, as the ways of reading
+    above were). None (said) without a GPU."""
     if not cuda(real):
         print("No CUDA GPU here: the accelerator was emulated only. In Colab, choose a GPU runtime and run again "
               "to train a real model through the cache.")
@@ -163,15 +165,23 @@ def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int, batch_siz
 
     from dataferry import Cache, CachedDataset
     from dataferry.harness.feed import EmulatedCompute, TorchCompute, feed, image_sample
+    from dataferry.harness.pagecache import evict
+    from dataferry.harness.utilisation import epoch_state
 
     resnet = TorchCompute("resnet50")
     resnet.warm_up((batch_size, 3, 224, 224))
+    lab_profile, region = data.regions[0] if data.regions else (None, None)
     rows = []
     for mode, compute in (("real GPU", resnet), ("emulated", EmulatedCompute(profile))):
         ds = CachedDataset(data.target.source, Cache(data.work / f"gpu-{mode.replace(' ', '-')}"), decode=image_sample)
         loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, pin_memory=True, persistent_workers=True,
                             sampler=ds.prefetching(RandomSampler(ds)))
-        for r in feed(loader, compute, epochs=epochs):
-            rows.append({"mode": mode, "epoch": r.epoch, "AU": r.au, "steady AU": r.steady_au,
-                         "samples/s": r.samples_per_s, "bound by": r.bound_by})
+        with data.under(lab_profile):
+            for epoch in range(1, epochs + 1):
+                copies = [ds.cache.path(ds.source, ds.entry(i)) for i in range(len(ds))] if epoch > 1 else []
+                state = epoch_state("cache", epoch, evict(copies).cache_state if copies else "cold_verified")
+                r = feed(loader, compute, epochs=1)[0]
+                rows.append({"mode": mode, "where": getattr(region, "region", "unknown"), "epoch": epoch,
+                             "cache state": state, "AU": r.au, "steady AU": r.steady_au, "samples/s": r.samples_per_s,
+                             "bound by": r.bound_by})
     return pd.DataFrame(rows)

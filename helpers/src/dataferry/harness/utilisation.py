@@ -41,7 +41,7 @@ from dataferry.staging import stage
 from dataferry.harness.results import Results, load_results, size_text
 from dataferry.harness.pagecache import evict
 
-__all__ = ["AU_METHODS", "compare_au", "au_table", "bench_au", "run_au"]
+__all__ = ["AU_METHODS", "compare_au", "au_table", "bench_au", "run_au", "epoch_state"]
 
 AU_METHODS = ("local", "gcsfuse", "gcsfuse-cache", "api", "stage", "cache")
 
@@ -94,7 +94,7 @@ def _loader(method: str, target: Target, st: dict[str, Any], *, batch_size: int,
     return loader(ds, ds.prefetching(RandomSampler(ds, generator=g))), files, workers
 
 
-def _state(method: str, epoch: int, evicted: str) -> str:
+def epoch_state(method: str, epoch: int, evicted: str) -> str:
     """The cache state an epoch starts in: ``evicted`` is what mincore said of the files just dropped (a later
     epoch through the cache reads a cold local copy only when the drop of its pages was verified)."""
     if method in ("stage", "cache"):
@@ -134,10 +134,10 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
                     def before(epoch: int) -> None:
                         paths = files()
                         if not paths:
-                            evictions[epoch] = (_state(method, epoch, "cold_verified"), "nothing local to evict")
+                            evictions[epoch] = (epoch_state(method, epoch, "cold_verified"), "nothing local to evict")
                             return
                         r = evict(paths)
-                        evictions[epoch] = (_state(method, epoch, r.cache_state),
+                        evictions[epoch] = (epoch_state(method, epoch, r.cache_state),
                                             f"{r.method}; {r.still_resident} of {r.files} files still resident")
 
                     def on_epoch(r: EpochReport) -> None:

@@ -157,3 +157,11 @@ def test_a_lab_setting_is_never_said_to_be_bound_as_in_2020():
     cloud = next(s for s in said if s.startswith("   - us-central1"))
     assert "a link we chose" in lab and "as in 2020" not in lab
     assert cloud.endswith("the transfer bounds first reads, as in 2020.")
+
+
+def test_a_conclusion_from_cloud_regions_only_says_none_is_a_lab_profile():
+    f = _findings(_lesson("07", _rows("a", 8, "us-central1", "gcsfuse", 10, 11)),
+                  _lesson("07", _rows("a", 8, "us-central1", "dataferry", 20, 900)))
+    said = []
+    f.conclusion(say=said.append)
+    assert said[0].endswith("on one kind of runtime; none of them a lab profile):"), said[0]

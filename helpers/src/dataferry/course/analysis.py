@@ -352,10 +352,11 @@ class Findings:
             if "gcsfuse" in a.index and not copies.empty:
                 local_wins.append(copies.median() / a["gcsfuse"])
             if "gcsfuse" in f.index and "gcsfuse" in a.index:
-                gcsfuse_slow.append(a["gcsfuse"] / f["gcsfuse"] < 1.5)
+                gcsfuse_slow.append(a["gcsfuse"] / f["gcsfuse"] < GCSFUSE_AGAIN)
         say(f"For the {_count(len(self.settings), 'setting')} pooled here (a setting is the files of one lesson, of one "
             "size, in one region, on one kind of runtime; "
-            f"{len(self.lab_regions)} of {len(self.regions)} regions are lab profiles, not cloud regions):")
+            + (f"{len(self.lab_regions)} of {len(self.regions)} regions are lab profiles, not cloud regions):"
+               if self.lab_regions else "none of them a lab profile):"))
         if bound:
             say(f"- First reads ran at least 3x below re-reads of a local copy in {sum(bound)} of {len(bound)} settings: "
                 + ("first reads are paid to the network." if sum(bound) > len(bound) / 2 else

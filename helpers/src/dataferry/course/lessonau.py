@@ -82,9 +82,11 @@ def au_data(course: Course, n: int, file_bytes: int, methods: list[str], *, seed
         mounts.install_gcsfuse()
     target = source_target(cloud.uri, max_files=n, seed=seed, client=cloud.client, suffix=cloud.suffix)
     ways = [m for m in methods if m in ("api", "stage", "cache") or (m.startswith("gcsfuse") and target.mount)]
+    from dataferry.course.findings.au import where_said
+
     region = course.region()
     return AUData(target, [(None, region)], ways, work, f"{len(target.names)} files of {cloud.uri}, "
-                  f"{target.total_bytes / 1e6:.1f} MB, from {region.region}; ways: {', '.join(ways)}")
+                  f"{target.total_bytes / 1e6:.1f} MB, read in {where_said(region.region)}; ways: {', '.join(ways)}")
 
 
 def au_runs(data: AUData, profiles: list[Any], folder: Path, *, epochs: int, repeats: int, batch_size: int,

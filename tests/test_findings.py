@@ -695,8 +695,8 @@ def test_a_way_that_passes_only_once_its_pipeline_is_full_is_said_to_wait_at_eac
     assert bool(start) is (ran_at is not None)
     if ran_at:
         assert start == ["gcsfuse: at or above 90% only once the pipeline was full: its later epochs as a whole ran at "
-                         f"{ran_at} (each epoch's start, the first step and the batches fetched ahead, is what the "
-                         "accelerator waited for; an epoch of many more steps spreads it thin)."]
+                         f"{ran_at}, against 95% once it was full (the difference is each epoch's start, the first "
+                         "step and the batches fetched ahead; an epoch of many more steps spreads it thin)."]
 
 
 def test_an_interval_is_printed_rounded_outward_so_it_never_contradicts_its_verdict(monkeypatch):
@@ -847,7 +847,7 @@ def test_a_row_that_works_on_the_gpu_has_no_one_core_cost_to_judge(decoder):
 
 @pytest.mark.parametrize("region, heading", [("lab:same-continent", "lab:same-continent"),
                                              ("us-central1", "region us-central1"),
-                                             ("unknown", "region not found")])
+                                             ("unknown", "region unknown (not found)")])
 def test_an_au_conclusion_is_headed_by_a_lab_profile_a_region_or_that_none_was_found(region, heading):
     from dataferry.harness.feed import PROFILES
     from dataferry.course.findings import au
@@ -861,4 +861,18 @@ def test_the_decoding_conclusion_is_headed_by_a_region_or_that_none_was_found():
 
     from dataferry.course.findings import au
 
-    assert au.decoding(pd.DataFrame([{"decoder": "pil", "epoch": 1}]), 2, 2, "x", "unknown").where == "region not found"
+    assert au.decoding(pd.DataFrame([{"decoder": "pil", "epoch": 1}]), 2, 2, "x", "unknown").where == "region unknown (not found)"
+
+
+@pytest.mark.parametrize("gcsfuse_aus, listed", [([0.80, 0.95, 0.99, 0.85, 0.92], True), ([0.5] * 5, False)])
+def test_the_steady_state_verdict_lists_a_way_it_cannot_decide(gcsfuse_aus, listed):
+    """Every way measured appears in the verdict's line: one whose interval straddles the threshold as not told
+    (a learner read found gcsfuse in neither list)."""
+    from dataferry.harness.feed import PROFILES
+    from dataferry.course.findings import au
+
+    said = au.utilisation(_au_rows({"local": [0.95] * 5, "gcsfuse": gcsfuse_aus}), PROFILES["resnet50-v100-fp32"],
+                          "lab:x", ["local", "gcsfuse"], 5, 32).sentences
+    line = next(s for s in said if s.startswith("In the steady state"))
+    assert line == ("In the steady state, at or above 90%: local; below it: no method; not told: gcsfuse." if listed
+                    else "In the steady state, at or above 90%: local; below it: gcsfuse."), line

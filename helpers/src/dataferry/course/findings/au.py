@@ -85,16 +85,16 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
             passing.append(m)
             if later["au"].median() < at:
                 at_start.append(f"{m}: at or above {at:.0%} only once the pipeline was full: its later epochs as a whole "
-                                f"ran at {_beside(later['au'].median(), at)} (each epoch's start, the first step and the batches "
-                                "fetched ahead, is what the accelerator waited for; an epoch of many more steps spreads "
-                                "it thin).")
+                                f"ran at {_beside(later['au'].median(), at)}, against {med:.0%} once it was full (the difference is each "
+                                "epoch's start, the first step and the batches fetched ahead; an epoch of many more steps "
+                                "spreads it thin).")
         elif low == low and high < at:
             failing.append(m)
         else:
             unsure.append(m)
     if passing or failing:
         said.append(f"In the steady state, at or above {at:.0%}: {', '.join(passing) or 'no method'}; below it: "
-                    f"{', '.join(failing) or 'no method'}.")
+                    f"{', '.join(failing) or 'no method'}" + (f"; not told: {', '.join(unsure)}." if unsure else "."))
     said += at_start
     if unsure:
         said.append(f"{', '.join(unsure)}: the interval straddles {at:.0%} (or rests on too few runs), so this run "
@@ -121,7 +121,7 @@ def where_said(region: str) -> str:
     """A run's heading: ``lab:<profile>`` as it is, a cloud region named as one, an unknown one said so."""
     if region.startswith("lab:"):
         return region
-    return f"region {region}" if region and region != "unknown" else "region not found"
+    return f"region {region}" if region and region != "unknown" else "region unknown (not found)"
 
 
 def _names(items: list[str], last: str) -> str:

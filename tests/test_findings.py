@@ -678,6 +678,10 @@ def test_without_local_disk_rows_the_caches_copies_say_whether_a_faster_source_w
     said = " ".join(au.utilisation(rows, PROFILES["resnet50-v100-fp32"], "x", ["gcsfuse", "stage", "cache"], 5, 32))
     assert ("Even reading the cache's copies on local disk (stage, cache) stayed below the threshold" in said) is said_so
     assert "Even local disk" not in said
+    # another way that kept the accelerator busy (gcsfuse's file cache) says a faster path would help: no such line
+    rows = _au_rows({"gcsfuse-cache": [0.95] * 5, "stage": [0.5] * 5, "cache": [0.5] * 5})
+    said = " ".join(au.utilisation(rows, PROFILES["resnet50-v100-fp32"], "x", ["gcsfuse-cache", "stage", "cache"], 5, 32))
+    assert "at or above 90%: gcsfuse-cache; below it: stage, cache." in said and "Even reading" not in said
 
 
 @pytest.mark.parametrize("fill, ran_at", [(0.5, "63%"), (1 - 0.8992 * 0.75 / 0.95, "89.9%"), (0.25, None)])
@@ -867,12 +871,18 @@ def test_the_decoding_conclusion_is_headed_by_a_region_or_that_none_was_found():
 @pytest.mark.parametrize("gcsfuse_aus, listed", [([0.80, 0.95, 0.99, 0.85, 0.92], True), ([0.5] * 5, False)])
 def test_the_steady_state_verdict_lists_a_way_it_cannot_decide(gcsfuse_aus, listed):
     """Every way measured appears in the verdict's line: one whose interval straddles the threshold as not told
-    (a learner read found gcsfuse in neither list)."""
+    or with no steady state at all as not told (a learner read found gcsfuse in neither list)."""
     from dataferry.harness.feed import PROFILES
     from dataferry.course.findings import au
+    import pandas as pd
 
     said = au.utilisation(_au_rows({"local": [0.95] * 5, "gcsfuse": gcsfuse_aus}), PROFILES["resnet50-v100-fp32"],
                           "lab:x", ["local", "gcsfuse"], 5, 32).sentences
     line = next(s for s in said if s.startswith("In the steady state"))
     assert line == ("In the steady state, at or above 90%: local; below it: no method; not told: gcsfuse." if listed
                     else "In the steady state, at or above 90%: local; below it: gcsfuse."), line
+    # a way whose later epochs are no longer than the fill has no steady state: it is listed as not told too
+    short = _au_rows({"local": [0.95] * 5}).assign(samples=64)  # 2 steps of 32: all fill
+    rows = pd.concat([_au_rows({"stage": [0.95] * 5}), short], ignore_index=True)
+    said = au.utilisation(rows, PROFILES["resnet50-v100-fp32"], "lab:x", ["stage", "local"], 5, 32).sentences
+    assert "In the steady state, at or above 90%: stage; below it: no method; not told: local." in said, said

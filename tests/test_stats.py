@@ -282,3 +282,5 @@ def test_the_summary_says_the_cache_state_each_column_started_in_and_where_it_ra
     assert table[-2] == "" and table[0].startswith("| files | region | method |")
     old = summary_table(summary(rows.drop(columns=["cache_state", "runtime"]))).splitlines()
     assert old[-1] == "Each epoch started in: not recorded (rows from before cache states were).", old
+    blank = summary_table(summary(rows.assign(cache_state=""))).splitlines()  # how a CSV's empty cells load
+    assert blank[-1] == "Each epoch started in: not recorded (rows from before cache states were). Runtime: local-cpu."

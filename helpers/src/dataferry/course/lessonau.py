@@ -175,13 +175,15 @@ def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int, batch_siz
     lab_profile, region = data.regions[0] if data.regions else (None, None)
     rows = []
     for mode, compute in (("real GPU", resnet), ("emulated", EmulatedCompute(profile))):
-        ds = CachedDataset(data.target.source, Cache(data.work / f"gpu-{mode.replace(' ', '-')}"), decode=image_sample)
+        cache = Cache(data.work / f"gpu-{mode.replace(' ', '-')}-{time.time_ns()}")  # empty: a rerun starts cold too
+        ds = CachedDataset(data.target.source, cache, decode=image_sample)
         loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, pin_memory=True, persistent_workers=True,
                             sampler=ds.prefetching(RandomSampler(ds)))
         with data.under(lab_profile):
             for epoch in range(1, epochs + 1):
-                copies = [ds.cache.path(ds.source, ds.entry(i)) for i in range(len(ds))] if epoch > 1 else []
-                state = epoch_state("cache", epoch, evict(copies).cache_state if copies else "cold_verified")
+                entries = [ds.entry(i) for i in range(len(ds))] if epoch > 1 else []
+                copies = [cache.path(ds.source, e) for e in entries if cache.contains(ds.source, e)]  # nothing filled
+                state = epoch_state("cache", epoch, evict(copies).cache_state) if copies else "cold_verified"
                 r = feed(loader, compute, epochs=1)[0]
                 rows.append({"mode": mode, "where": getattr(region, "region", "unknown"), "epoch": epoch,
                              "cache state": state, "AU": r.au, "steady AU": r.steady_au, "samples/s": r.samples_per_s,

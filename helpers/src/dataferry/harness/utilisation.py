@@ -96,14 +96,15 @@ def _loader(method: str, target: Target, st: dict[str, Any], *, batch_size: int,
 
 def epoch_state(method: str, epoch: int, evicted: str) -> str:
     """The cache state an epoch starts in: ``evicted`` is what mincore said of the files just dropped (a later
-    epoch through the cache reads a cold local copy only when the drop of its pages was verified)."""
+    epoch through the cache, or from gcsfuse's file cache, reads a cold local copy only when the drop of its pages was
+    verified)."""
     if method in ("stage", "cache"):
         if epoch == 1:
             return "cold_verified"  # an empty cache: every byte crosses the network
         return "local_copy" if evicted == "cold_verified" else evicted
     if method == "api":
         return "cold_verified"  # every read crosses the network
-    return "daemon_warm" if method == "gcsfuse-cache" and epoch > 1 else evicted
+    return "daemon_warm" if method == "gcsfuse-cache" and epoch > 1 and evicted == "cold_verified" else evicted
 
 
 def compare_au(target: Target, results: Results, methods: Sequence[str], compute: ComputeProfile | TorchCompute, *,
@@ -134,7 +135,8 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
                     def before(epoch: int) -> None:
                         paths = files()
                         if not paths:
-                            evictions[epoch] = (epoch_state(method, epoch, "cold_verified"), "nothing local to evict")
+                            # nothing local (epoch 1, or every read of a cache streamed): from the network
+                            evictions[epoch] = ("cold_verified", "nothing local to evict")
                             return
                         r = evict(paths)
                         evictions[epoch] = (epoch_state(method, epoch, r.cache_state),

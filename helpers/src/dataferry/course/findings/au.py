@@ -78,8 +78,8 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
             short.append(m)
             continue
         med, (low, high) = values.median(), _ci(values)
-        said.append(f"{m}: AU {e1['au'].median():.0%} in epoch 1, {later['au'].median():.0%} in later epochs, {med:.0%} "
-                    "once their pipeline was full"
+        said.append(f"{m}: AU {_beside(e1['au'].median(), at)} in epoch 1, {_beside(later['au'].median(), at)} in later "
+                    f"epochs, {_beside(med, at)} once their pipeline was full"
                     + (f" {_interval(low, high)}." if low == low else ", too few runs for an interval."))
         if low == low and low >= at:
             passing.append(m)
@@ -94,7 +94,7 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
             unsure.append(m)
     if passing or failing:
         said.append(f"In the steady state, at or above {at:.0%}: {', '.join(passing) or 'no method'}; below it: "
-                    f"{', '.join(failing) or 'no method'}" + (f"; not told: {', '.join(unsure)}." if unsure else "."))
+                    f"{', '.join(failing) or 'no method'}" + (f"; not told: {', '.join(unsure + short)}." if unsure + short else "."))
     said += at_start
     if unsure:
         said.append(f"{', '.join(unsure)}: the interval straddles {at:.0%} (or rests on too few runs), so this run "
@@ -107,7 +107,7 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
         said.append("Even local disk stayed below the threshold in the steady state: a faster source alone would not "
                     "keep this accelerator busy on this runtime; the disk or the work after it (the workers, their "
                     "CPUs) is the limit, and this run does not tell them apart.")
-    elif "local" not in passing + unsure and copies and all(m in failing for m in copies):
+    elif not passing and "local" not in unsure and copies and all(m in failing for m in copies):
         said.append(f"Even reading the cache's copies on local disk ({', '.join(copies)}) stayed below the threshold "
                     "in the steady state: a faster source alone would not keep this accelerator busy on this runtime; "
                     "the disk or the work after it (the workers, their CPUs) is the limit, and this run does not tell "

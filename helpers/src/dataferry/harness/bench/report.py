@@ -55,16 +55,17 @@ def summary(rows: Any) -> dict[str, Any]:
         if len(first) and len(repeat):
             r, lo, hi = speedup(repeat.to_numpy(float), first.to_numpy(float))
             ratios.append({**dict(zip(keys, key)), "repeat_over_first": r, "ci_low": lo, "ci_high": hi})
-    runtimes = sorted(ok["runtime"].astype(str).unique()) if "runtime" in ok.columns else []
+    runtimes = sorted({str(r) for r in ok["runtime"].dropna() if str(r)}) if "runtime" in ok.columns else []
     return {"keys": keys, "cells": cells, "ratios": ratios, "started_in": _started_in(ok), "runtimes": runtimes}
 
 
 def _started_in(epochs: Any) -> dict[str, dict[str, list[str]]] | None:
     """The cache states the first reads and the repeats started in, each with the methods whose epochs did (None:
     rows from before cache states were recorded)."""
-    if "cache_state" not in epochs.columns or epochs["cache_state"].isna().all():
+    recorded = epochs["cache_state"].mask(epochs["cache_state"] == "") if "cache_state" in epochs.columns else None
+    if recorded is None or recorded.isna().all():
         return None
-    states = epochs["cache_state"].fillna("not recorded").astype(str)
+    states = recorded.fillna("not recorded").astype(str)
     return {kind: {str(state): sorted(g["method"].astype(str).unique()) for state, g in epochs[part].groupby(states[part])}
             for kind, part in (("first read", epochs["pass"] == 1), ("repeat", epochs["pass"] >= 2))}
 

@@ -249,8 +249,10 @@ def _later_epochs(rows: pd.DataFrame) -> str:
 
 def _cache_states(rows: pd.DataFrame, methods: Sequence[str], later: str) -> str:
     """The cache state each method's epochs started in, epoch 1 and then the later ones, grouped by state."""
-    if "cache_state" not in rows or rows["cache_state"].isna().all():
+    recorded = rows["cache_state"].mask(rows["cache_state"] == "") if "cache_state" in rows else None
+    if recorded is None or recorded.isna().all():
         return "cache states: not recorded"
+    rows = rows.assign(cache_state=recorded)
     parts = []
     for name, group in (("epoch 1", rows[rows["pass"] == 1]), (later, rows[rows["pass"] > 1])):
         by_state: dict[str, list[str]] = {}

@@ -851,7 +851,7 @@ def test_a_row_that_works_on_the_gpu_has_no_one_core_cost_to_judge(decoder):
 
 @pytest.mark.parametrize("region, heading", [("lab:same-continent", "lab:same-continent"),
                                              ("us-central1", "region us-central1"),
-                                             ("unknown", "region unknown (not found)")])
+                                             ("unknown", "region unknown, not found")])
 def test_an_au_conclusion_is_headed_by_a_lab_profile_a_region_or_that_none_was_found(region, heading):
     from dataferry.harness.feed import PROFILES
     from dataferry.course.findings import au
@@ -865,7 +865,7 @@ def test_the_decoding_conclusion_is_headed_by_a_region_or_that_none_was_found():
 
     from dataferry.course.findings import au
 
-    assert au.decoding(pd.DataFrame([{"decoder": "pil", "epoch": 1}]), 2, 2, "x", "unknown").where == "region unknown (not found)"
+    assert au.decoding(pd.DataFrame([{"decoder": "pil", "epoch": 1}]), 2, 2, "x", "unknown").where == "region unknown, not found"
 
 
 @pytest.mark.parametrize("gcsfuse_aus, listed", [([0.80, 0.95, 0.99, 0.85, 0.92], True), ([0.5] * 5, False)])

@@ -36,7 +36,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 def region_label(course: Course) -> str:
     """``region <name>``, or that it was not found: what a cloud figure of this run is labelled."""
     region = course.region().region
-    return f"region {region}" if region != "unknown" else "region unknown (not found)"
+    return f"region {region}" if region != "unknown" else "region unknown, not found"
 
 
 @contextlib.contextmanager

@@ -121,7 +121,7 @@ def where_said(region: str) -> str:
     """A run's heading: ``lab:<profile>`` as it is, a cloud region named as one, an unknown one said so."""
     if region.startswith("lab:"):
         return region
-    return f"region {region}" if region and region != "unknown" else "region unknown (not found)"
+    return f"region {region}" if region and region != "unknown" else "region unknown, not found"
 
 
 def _names(items: list[str], last: str) -> str:

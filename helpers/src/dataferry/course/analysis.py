@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dataferry.course.findings.au import _names
 from dataferry.course.shipped import post_quote
 from dataferry.harness.results import load_results, size_text
 
@@ -108,12 +109,6 @@ def _leader(medians: Any) -> tuple[Any, Any]:
     return (ranked.index[0] if ranked.iloc[0] >= LEAD * ranked.iloc[1] else None), ranked.index[1]
 
 
-def _and(names: list[Any]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    names = [str(n) for n in names]
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -175,11 +170,11 @@ class Findings:
             best, worst, copy = remote.idxmax(), remote.idxmin(), copies.median()
             r = copy / remote[best]
             lead, _ = _leader(remote)
-            tied = [m for m in remote.sort_values(ascending=False).index if LEAD * remote[m] > remote[best]]
+            tied = [str(m) for m in remote.sort_values(ascending=False).index if LEAD * remote[m] > remote[best]]
             which = (f"the only first read measured ({best}" if len(remote) == 1 else f"the fastest first read ({best}" if lead
-                     else f"the first reads of {_and(tied)}, within {LEAD}x of the highest ({best}")
+                     else f"the first reads of {_names(tied, 'and')}, within {LEAD}x of the highest ({best}")
             whose = [f"{m}'s" for m in copies.index]
-            of = f", the median of {_and(whose)}" if len(copies) > 1 else ""
+            of = f", the median of {_names(whose, 'and')}" if len(copies) > 1 else ""
             as_in_2020 = ("the lab's link (its round trip and bandwidth) bounds first reads here: a link we chose, so a "
                           "mechanism, not a finding about the cloud." if setting[3].startswith("lab:") else "the transfer bounds first reads, as in 2020.")
             say(f"   - {_named(setting)}: {which}, {remote[best]:.1f} MB/s) ran "

@@ -561,6 +561,31 @@ def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_
                          batch_size=10, decoders=["pil", "gpu"])
 
 
+def test_compare_decoders_can_leave_the_page_cache_as_the_epoch_before_left_it(tmp_path):
+    """``drop_page_cache=False`` (a data set that fits in memory): no epoch drops the cache's copies, so each reads
+    them from the page cache, and its row says so; the default drops them where the disk can (a data set larger
+    than memory)."""
+    from dataferry.harness.bench.decoders import compare_decoders
+    from dataferry.harness.feed import PROFILES, EmulatedCompute
+
+    TEST.write_to(tmp_path / "photos")
+    source = LocalSource(tmp_path / "photos" / "test")
+    kept = compare_decoders(source, tmp_path / "kept", EmulatedCompute(PROFILES["resnet50-v100-amp"]), workers=0,
+                            batch_size=10, epochs=2, decoders=["pil"], decode_once=256, drop_page_cache=False,
+                            say=lambda s: None)
+    assert [(r["decoder"], r["epoch"], r["cache_state"]) for r in kept] == [
+        ("pil", 1, "page_warm"), ("pil", 2, "page_warm"),
+        ("decode-once@256", 1, "decoding into the cache"), ("decode-once@256", 2, "page_warm")]
+    dropped = compare_decoders(source, tmp_path / "dropped", EmulatedCompute(PROFILES["resnet50-v100-amp"]),
+                               workers=0, batch_size=10, epochs=2, decoders=["pil"], decode_once=None,
+                               say=lambda s: None)
+    assert {r["cache_state"] for r in dropped} <= {"local_copy", "cold_unverified", "page_warm"}
+    from dataferry.harness.pagecache import evict
+
+    if evict([tmp_path / "photos" / "test" / TEST.object_names[0].removeprefix("test/")]).verified:
+        assert {r["cache_state"] for r in dropped} == {"local_copy"}, "this disk drops pages: the default does"
+
+
 class _Mounted(LocalSource):
     """A folder that says it is a mount (as a Drive folder does, so the prefetching sampler fetches ahead of the
     reader), counting each object's fetches."""

@@ -158,11 +158,13 @@ def _named(names: frozenset[str], name: str) -> bool:
 def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any, *, workers: int, batch_size: int,
                      epochs: int = 3, decoders: Sequence[str] | None = None, decode_once: int | None = 256,
                      crop: int = 224, names: Collection[str] | None = None, seed: int = 0,
-                     say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+                     drop_page_cache: bool = True, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """One training loop per decoder over the images of ``source`` (only ``names``, if given), all read from
     one cache under ``work``, staged first. Returns a row per epoch (see the module's docstring). Epoch 1
     of each decoder starts its workers; later epochs are what a long training run sees. ``decoders``
-    (default: every one of :data:`DECODERS`, and :data:`GPU` when ``compute`` trains on a CUDA GPU)."""
+    (default: every one of :data:`DECODERS`, and :data:`GPU` when ``compute`` trains on a CUDA GPU).
+    ``drop_page_cache``: each epoch reads the cache's copies from the disk (the default: a data set larger than
+    memory), or from wherever the epoch before left them (False: one that fits in memory)."""
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
@@ -219,13 +221,13 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     for name, ds in runs.items():
         states: list[str] = []
 
-        def drop_page_cache(epoch: int, ds: Any = ds, decodes: bool = name == once) -> None:
+        def before_epoch(epoch: int, ds: Any = ds, decodes: bool = name == once) -> None:
             if decodes and epoch == 1:
                 states.append("decoding into the cache")
                 return
             files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if ds.decoded is not None else
                      [cache.path(source, e) for e in ds.entries])
-            dropped = evict(files).cache_state == "cold_verified"
+            dropped = drop_page_cache and evict(files).cache_state == "cold_verified"
             # MEASUREMENT.md's names: the cache's copies, dropped from the page cache; else what mincore finds left
             states.append("local_copy" if dropped else residency_state(files))
 
@@ -236,7 +238,7 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
                                  pin_memory=on_cuda and torch.cuda.is_available())
         if crops_on_device is not None:
             loader = crops_on_device(loader, crop, str(compute.device))
-        for report in feed(loader, compute, epochs=epochs, before_epoch=drop_page_cache):
+        for report in feed(loader, compute, epochs=epochs, before_epoch=before_epoch):
             rows.append({"decoder": name, "epoch": report.epoch, "samples_per_s": report.samples_per_s, "au": report.au,
                          "steady_au": report.steady_au,
                          "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,

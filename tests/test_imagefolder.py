@@ -473,6 +473,40 @@ def test_a_crop_at_a_small_images_edge_is_that_images_pixels_whatever_else_is_in
     assert out.shape == (2, 3, 48, 48) and (out[0, :, 1:, 1:].int() - theirs[:, 1:, 1:].int()).abs().max() <= 1
 
 
+def test_a_batch_is_cropped_in_a_few_calls_with_the_pixels_each_image_gives_alone(monkeypatch):
+    """A batch of 64 images of many sizes, views of one buffer as the workers hand them over (channels last) and
+    separate tensors as a decoder gives them, boxes at their far edges too: the crops are the pixels roi_align gives
+    each image alone, to a level, and the whole batch takes a few roi_align calls, not one per image (on a GPU each
+    call is the main process's time, which the training step waits for)."""
+    import torchvision.ops
+    from torchvision.ops import roi_align
+
+    from dataferry.decode import CropOnDevice, random_boxes
+
+    gen = torch.Generator().manual_seed(1)
+    shapes = [(int(h), int(w)) for h, w in torch.randint(20, 90, (64, 2), generator=gen)]
+    data = torch.randint(0, 256, (sum(3 * h * w for h, w in shapes),), dtype=torch.uint8, generator=gen)
+    crops = CropOnDevice([], size=32, device="cpu", flip=False)
+    shared = crops.images(data, torch.tensor(shapes))
+    apart = [img.contiguous() for img in shared]
+    sizes = torch.tensor([[w, h] for h, w in shapes])
+    boxes = random_boxes(sizes)
+    boxes[:16, 2:] = sizes[:16]  # to the right and bottom edges
+    boxes[16:24] = torch.cat([torch.zeros(8, 2, dtype=boxes.dtype), sizes[16:24]], 1)  # the whole image
+    alone = torch.stack([roi_align(img[None].float(), torch.cat([torch.zeros(1, 1), box[None].float()], 1), 32,
+                                   sampling_ratio=-1, aligned=True)[0] for img, box in zip(apart, boxes)])
+    alone = alone.round().clamp(0, 255).to(torch.uint8)
+    calls = []
+    monkeypatch.setattr(torchvision.ops, "roi_align", lambda *a, **k: calls.append(1) or roi_align(*a, **k))
+    for images in (shared, apart):
+        calls.clear()
+        out = crops.crop(images, boxes)
+        assert out.shape == (64, 3, 32, 32) and out.dtype == torch.uint8
+        differ = (out.int() - alone.int()).abs()
+        assert differ.max() <= 1 and (differ > 0).float().mean() < 1e-4
+        assert 1 <= len(calls) <= 4, f"{len(calls)} roi_align calls for 64 images"
+
+
 def test_compare_decoders_adds_the_gpu_row_when_the_compute_trains_on_cuda(tmp_path):
     """A compute that says it trains on CUDA gets the 'gpu' decoder by default: its workers read bytes and
     DecodeOnDevice decodes on the compute's device (here a stand-in whose device is the CPU: no GPU here); with

@@ -124,15 +124,52 @@ def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
     return torch.cat([x0, y0, x0 + cw, y0 + ch], 1)
 
 
+#: The most elements (images x 3 x H x W) one canvas of :func:`_canvases` holds: about 200 MB on the device with its
+#: index, whatever the batch.
+CANVAS_ELEMENTS = 1 << 24
+
+
+def _canvases(images: list[Any], device: Any) -> Iterator[tuple[int, Any]]:
+    """``3 x H x W`` uint8 images of any sizes -> ``(first image, k x 3 x H' x W' float32 canvas)`` pieces, each a
+    few calls whatever ``k``: the images gathered into the batch's largest height and width, each one's last row and
+    column repeated past its own edge. roi_align clamps a sample past an image's edge to that edge, so a box within
+    an image gives the pixels it gives the image alone, and one call crops a canvas (not one call an image)."""
+    import torch
+
+    storages = {img.untyped_storage().data_ptr() for img in images}
+    if len(storages) == 1:  # views of one buffer (collate_pixels' batch): gather from it as it is
+        flat = torch.empty(0, dtype=torch.uint8, device=device).set_(images[0].untyped_storage())
+        where = [(img.storage_offset(), *img.stride()) for img in images]
+    else:  # separate tensors (a decoder's): end to end, once
+        flat = torch.cat([img.reshape(-1) for img in images])
+        starts = [0]
+        for img in images[:-1]:
+            starts.append(starts[-1] + img.numel())
+        where = [(start, img.shape[1] * img.shape[2], img.shape[2], 1) for start, img in zip(starts, images)]
+    heights = torch.tensor([img.shape[1] for img in images], device=device)
+    widths = torch.tensor([img.shape[2] for img in images], device=device)
+    offsets, channel, row, column = torch.tensor(where, device=device).unbind(1)
+    tall, wide = max(img.shape[1] for img in images), max(img.shape[2] for img in images)
+    ys, xs, cs = (torch.arange(n, device=device) for n in (tall, wide, 3))
+    step = max(1, CANVAS_ELEMENTS // (3 * tall * wide))
+    for a in range(0, len(images), step):
+        b = min(a + step, len(images))
+        y = torch.minimum(ys[None, :], heights[a:b, None] - 1)  # past an image's bottom: its last row
+        x = torch.minimum(xs[None, :], widths[a:b, None] - 1)  # past its right edge: its last column
+        index = (offsets[a:b, None, None, None] + cs[None, :, None, None] * channel[a:b, None, None, None]
+                 + (y * row[a:b, None])[:, None, :, None] + (x * column[a:b, None])[:, None, None, :])
+        yield a, flat[index].float()
+
+
 class CropOnDevice:
     """Batches of decode-once pixels from ``loader`` (a DataLoader over ``CachedImageFolder(..., decode_once=...)``
     without a ``transform``, with ``collate_fn=collate_pixels``; or over any dataset of ``3 x H x W`` uint8 images
     without one), moved to ``device`` and there cropped and resized as ``RandomResizedCrop(size, scale, ratio)``
-    does (``torchvision.ops.roi_align`` on each image: one kernel that averages the pixels each output pixel
-    covers, the image's own edge repeated past it; along a box edge inside the image it interpolates with the
-    pixels beyond, where torchvision repeats the edge), and flipped at
-    random (``flip``): ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only read and
-    check each record. Iterate it once per epoch, as the DataLoader::
+    does (``torchvision.ops.roi_align`` over the batch's images, a few calls for the whole batch: it averages the
+    pixels each output pixel covers, each image's own edge repeated past it; along a box edge inside the image it
+    interpolates with the pixels beyond, where torchvision repeats the edge), and flipped at random (``flip``):
+    ``(N x 3 x size x size uint8, targets)``, both on ``device``. The CPU workers only read and check each record.
+    Iterate it once per epoch, as the DataLoader::
 
         ds = CachedImageFolder(source, cache, decode_once=256)  # no transform: the GPU crops
         batches = CropOnDevice(DataLoader(ds, batch_size=256, num_workers=2, collate_fn=collate_pixels,
@@ -188,21 +225,24 @@ class CropOnDevice:
 
     def crop(self, images: list[Any], boxes: Any = None) -> Any:
         """Decoded ``3 x H x W`` uint8 images (on the device) -> one ``N x 3 x size x size`` uint8 batch: each
-        image's box (``boxes``, ``N x 4`` (x0, y0, x1, y1) in pixels; default :func:`random_boxes`) resized
-        to ``size`` x ``size``, then flipped at random if ``flip``."""
+        image's box (``boxes``, ``N x 4`` (x0, y0, x1, y1) in pixels within the image; default
+        :func:`random_boxes`) resized to ``size`` x ``size``, then flipped at random if ``flip``. A few calls for
+        the whole batch (:func:`_canvases`), not one per image: on a GPU every call is the main process's time."""
         import torch
-        from torchvision.ops import roi_align
+        from torchvision import ops
 
         if boxes is None:
             sizes = torch.tensor([[img.shape[-1], img.shape[-2]] for img in images])
             boxes = random_boxes(sizes, self.scale, self.ratio)
-        rois = torch.cat([torch.zeros(len(images), 1, dtype=torch.float64), boxes.double()], 1)
-        rois = rois.to(self.device, torch.float32)
+        rois = torch.cat([torch.zeros(len(images), 1, dtype=torch.float64), boxes.double()], 1).to(torch.float32)
+        rois = (rois.pin_memory() if self.device.type == "cuda" else rois).to(self.device, non_blocking=True)
         out = torch.empty(len(images), 3, self.size, self.size, dtype=torch.float32, device=self.device)
-        for i, img in enumerate(images):  # one image at a time: another image's size never pads this one
-            out[i] = roi_align(img[None].float(), rois[i:i + 1], self.size, sampling_ratio=-1, aligned=True)[0]
+        for start, canvas in _canvases(images, self.device):
+            part = rois[start:start + len(canvas)].clone()
+            part[:, 0] = torch.arange(len(canvas), device=self.device)  # each box's image within this canvas
+            out[start:start + len(canvas)] = ops.roi_align(canvas, part, self.size, sampling_ratio=-1, aligned=True)
         if self.flip:
-            mirror = (torch.rand(len(images)) < 0.5).to(self.device)
+            mirror = torch.rand(len(images), device=self.device) < 0.5
             out = torch.where(mirror[:, None, None, None], out.flip(-1), out)
         return out.round_().clamp_(0, 255).to(torch.uint8)
 

@@ -474,13 +474,16 @@ def test_a_crop_at_a_small_images_edge_is_that_images_pixels_whatever_else_is_in
 
 
 def test_a_batch_is_cropped_in_a_few_calls_with_the_pixels_each_image_gives_alone(monkeypatch):
-    """A batch of 64 images of many sizes, views of one buffer as the workers hand them over (channels last) and
-    separate tensors as a decoder gives them, boxes at their far edges too: the crops are the pixels roi_align gives
-    each image alone, to a level, and the whole batch takes a few roi_align calls, not one per image (on a GPU each
-    call is the main process's time, which the training step waits for)."""
+    """A batch of 64 images of many sizes, portrait and landscape: views of one buffer as the workers hand them over
+    (channels last; uint8, and float), separate tensors as a decoder gives them (contiguous, and not), boxes at
+    their far edges too. The crops are the pixels roi_align gives each image alone, to a level, in the batch's
+    order, with a canvas holding many images or a few; the batch takes a few roi_align calls, not one per image (on
+    a GPU each call is the main process's time, which the training step waits for), and no canvas is larger than
+    its budget or one image. An image that is not 3 x H x W is refused in one line."""
     import torchvision.ops
     from torchvision.ops import roi_align
 
+    import dataferry.ondevice
     from dataferry.decode import CropOnDevice, random_boxes
 
     gen = torch.Generator().manual_seed(1)
@@ -489,6 +492,8 @@ def test_a_batch_is_cropped_in_a_few_calls_with_the_pixels_each_image_gives_alon
     crops = CropOnDevice([], size=32, device="cpu", flip=False)
     shared = crops.images(data, torch.tensor(shapes))
     apart = [img.contiguous() for img in shared]
+    strided = [img.permute(1, 2, 0).contiguous().permute(2, 0, 1) for img in shared]  # channels last, each alone
+    floats = crops.images(data.float(), torch.tensor(shapes))
     sizes = torch.tensor([[w, h] for h, w in shapes])
     boxes = random_boxes(sizes)
     boxes[:16, 2:] = sizes[:16]  # to the right and bottom edges
@@ -496,15 +501,32 @@ def test_a_batch_is_cropped_in_a_few_calls_with_the_pixels_each_image_gives_alon
     alone = torch.stack([roi_align(img[None].float(), torch.cat([torch.zeros(1, 1), box[None].float()], 1), 32,
                                    sampling_ratio=-1, aligned=True)[0] for img, box in zip(apart, boxes)])
     alone = alone.round().clamp(0, 255).to(torch.uint8)
-    calls = []
-    monkeypatch.setattr(torchvision.ops, "roi_align", lambda *a, **k: calls.append(1) or roi_align(*a, **k))
-    for images in (shared, apart):
-        calls.clear()
-        out = crops.crop(images, boxes)
-        assert out.shape == (64, 3, 32, 32) and out.dtype == torch.uint8
-        differ = (out.int() - alone.int()).abs()
-        assert differ.max() <= 1 and (differ > 0).float().mean() < 1e-4
-        assert 1 <= len(calls) <= 4, f"{len(calls)} roi_align calls for 64 images"
+    calls, canvases = [], []
+
+    def counted(canvas, *a, **k):
+        calls.append(1)
+        canvases.append(canvas.numel())
+        return roi_align(canvas, *a, **k)
+
+    monkeypatch.setattr(torchvision.ops, "roi_align", counted)
+    for budget, most in ((1 << 24, 2), (3 * 90 * 90 * 5, 64)):
+        monkeypatch.setattr(dataferry.ondevice, "CANVAS_ELEMENTS", budget)
+        for images in (shared, apart, strided, floats):
+            calls.clear()
+            canvases.clear()
+            out = crops.crop(images, boxes)
+            assert out.shape == (64, 3, 32, 32) and out.dtype == torch.uint8
+            differ = (out.int() - alone.int()).abs()
+            assert differ.max() <= 1 and (differ > 0).float().mean() < 1e-4, (budget, images[0].dtype)
+            assert 1 <= len(calls) <= most, f"{len(calls)} roi_align calls for 64 images"
+            assert max(canvases) <= budget
+    monkeypatch.setattr(dataferry.ondevice, "CANVAS_ELEMENTS", 1 << 24)
+    tall, wide = torch.zeros(3, 400, 60, dtype=torch.uint8), torch.zeros(3, 60, 400, dtype=torch.uint8)
+    canvases.clear()
+    crops.crop([tall, wide] * 8)
+    assert max(canvases) <= 8 * 3 * 400 * 60, "portrait and landscape in canvases of their own"
+    with pytest.raises(BadArgument, match=r"crops 3 x H x W images; given \(4, 20, 20\): decode to RGB"):
+        crops.crop([torch.zeros(4, 20, 20, dtype=torch.uint8)])
 
 
 def test_compare_decoders_adds_the_gpu_row_when_the_compute_trains_on_cuda(tmp_path):
@@ -598,18 +620,21 @@ def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_
 def test_compare_decoders_can_leave_the_page_cache_as_the_epoch_before_left_it(tmp_path):
     """``drop_page_cache=False`` (a data set that fits in memory): no epoch drops the cache's copies, so each reads
     them from the page cache, and its row says so; the default drops them where the disk can (a data set larger
-    than memory)."""
+    than memory). Each epoch's line is said as the epoch ends, not when the decoder's last one does."""
     from dataferry.harness.bench.decoders import compare_decoders
     from dataferry.harness.feed import PROFILES, EmulatedCompute
 
     TEST.write_to(tmp_path / "photos")
     source = LocalSource(tmp_path / "photos" / "test")
+    said = []
     kept = compare_decoders(source, tmp_path / "kept", EmulatedCompute(PROFILES["resnet50-v100-amp"]), workers=0,
                             batch_size=10, epochs=2, decoders=["pil"], decode_once=256, drop_page_cache=False,
-                            say=lambda s: None)
+                            say=lambda line: said.append((time.perf_counter(), line)))
     assert [(r["decoder"], r["epoch"], r["cache_state"]) for r in kept] == [
         ("pil", 1, "page_warm"), ("pil", 2, "page_warm"),
         ("decode-once@256", 1, "decoding into the cache"), ("decode-once@256", 2, "page_warm")]
+    ends = [t for t, line in said if " epoch " in line]
+    assert len(ends) == 4 and ends[1] - ends[0] >= 0.9 * kept[1]["epoch_s"], "each epoch's line as that epoch ends"
     dropped = compare_decoders(source, tmp_path / "dropped", EmulatedCompute(PROFILES["resnet50-v100-amp"]),
                                workers=0, batch_size=10, epochs=2, decoders=["pil"], decode_once=None,
                                say=lambda s: None)

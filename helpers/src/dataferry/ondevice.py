@@ -124,41 +124,44 @@ def random_boxes(sizes: Any, scale: tuple[float, float] = (0.08, 1.0),
     return torch.cat([x0, y0, x0 + cw, y0 + ch], 1)
 
 
-#: The most elements (images x 3 x H x W) one canvas of :func:`_canvases` holds: about 200 MB on the device with its
-#: index, whatever the batch.
+#: The most values (images x 3 x H x W) one canvas of :func:`_pieces` holds, unless one image alone is larger: with
+#: its index, about 220 MB on the device while it is made.
 CANVAS_ELEMENTS = 1 << 24
 
 
-def _canvases(images: list[Any], device: Any) -> Iterator[tuple[int, Any]]:
-    """``3 x H x W`` uint8 images of any sizes -> ``(first image, k x 3 x H' x W' float32 canvas)`` pieces, each a
-    few calls whatever ``k``: the images gathered into the batch's largest height and width, each one's last row and
-    column repeated past its own edge. roi_align clamps a sample past an image's edge to that edge, so a box within
-    an image gives the pixels it gives the image alone, and one call crops a canvas (not one call an image)."""
+def _pieces(shapes: list[tuple[int, int]]) -> list[list[int]]:
+    """A batch's images (``(H, W)`` each) as pieces of a canvas each: portrait apart from landscape, similar sizes
+    together, each piece's ``k x 3 x tallest x widest`` within :data:`CANVAS_ELEMENTS` (an image larger alone)."""
+    order = sorted(range(len(shapes)), key=lambda i: (shapes[i][0] > shapes[i][1], *shapes[i]))
+    pieces: list[list[int]] = []
+    tall = wide = 0
+    for i in order:
+        h, w = shapes[i]
+        if (pieces and (h > w) == (tall > wide)
+                and (len(pieces[-1]) + 1) * 3 * max(tall, h) * max(wide, w) <= CANVAS_ELEMENTS):
+            pieces[-1].append(i)
+            tall, wide = max(tall, h), max(wide, w)
+        else:
+            pieces.append([i])
+            tall, wide = h, w
+    return pieces
+
+
+def _canvas(flat: Any, table: Any, tall: int, wide: int) -> Any:
+    """One piece's ``k x 3 x H x W`` float32 canvas, gathered from ``flat`` (the images' values) by ``table``
+    (``k x 6`` on the device: height, width, offset and the channel, row and column strides in ``flat``), ``tall``
+    x ``wide`` the piece's largest height and width; each
+    image's last row and column repeated past its own edge. roi_align clamps a sample past an image's edge to that
+    edge, so a box within an image gives the pixels it gives the image alone, and one call crops the piece."""
     import torch
 
-    storages = {img.untyped_storage().data_ptr() for img in images}
-    if len(storages) == 1:  # views of one buffer (collate_pixels' batch): gather from it as it is
-        flat = torch.empty(0, dtype=torch.uint8, device=device).set_(images[0].untyped_storage())
-        where = [(img.storage_offset(), *img.stride()) for img in images]
-    else:  # separate tensors (a decoder's): end to end, once
-        flat = torch.cat([img.reshape(-1) for img in images])
-        starts = [0]
-        for img in images[:-1]:
-            starts.append(starts[-1] + img.numel())
-        where = [(start, img.shape[1] * img.shape[2], img.shape[2], 1) for start, img in zip(starts, images)]
-    heights = torch.tensor([img.shape[1] for img in images], device=device)
-    widths = torch.tensor([img.shape[2] for img in images], device=device)
-    offsets, channel, row, column = torch.tensor(where, device=device).unbind(1)
-    tall, wide = max(img.shape[1] for img in images), max(img.shape[2] for img in images)
-    ys, xs, cs = (torch.arange(n, device=device) for n in (tall, wide, 3))
-    step = max(1, CANVAS_ELEMENTS // (3 * tall * wide))
-    for a in range(0, len(images), step):
-        b = min(a + step, len(images))
-        y = torch.minimum(ys[None, :], heights[a:b, None] - 1)  # past an image's bottom: its last row
-        x = torch.minimum(xs[None, :], widths[a:b, None] - 1)  # past its right edge: its last column
-        index = (offsets[a:b, None, None, None] + cs[None, :, None, None] * channel[a:b, None, None, None]
-                 + (y * row[a:b, None])[:, None, :, None] + (x * column[a:b, None])[:, None, None, :])
-        yield a, flat[index].float()
+    heights, widths, offsets, channel, row, column = table.unbind(1)
+    ys, xs, cs = (torch.arange(n, device=flat.device) for n in (tall, wide, 3))
+    y = torch.minimum(ys[None, :], heights[:, None] - 1)  # past an image's bottom: its last row
+    x = torch.minimum(xs[None, :], widths[:, None] - 1)  # past its right edge: its last column
+    index = (offsets[:, None, None, None] + cs[None, :, None, None] * channel[:, None, None, None]
+             + (y * row[:, None])[:, None, :, None] + (x * column[:, None])[:, None, None, :])
+    return flat[index].float()
 
 
 class CropOnDevice:
@@ -227,20 +230,48 @@ class CropOnDevice:
         """Decoded ``3 x H x W`` uint8 images (on the device) -> one ``N x 3 x size x size`` uint8 batch: each
         image's box (``boxes``, ``N x 4`` (x0, y0, x1, y1) in pixels within the image; default
         :func:`random_boxes`) resized to ``size`` x ``size``, then flipped at random if ``flip``. A few calls for
-        the whole batch (:func:`_canvases`), not one per image: on a GPU every call is the main process's time."""
+        the whole batch (:func:`_pieces`), not one per image: on a GPU every call is the main process's time."""
         import torch
         from torchvision import ops
 
         if boxes is None:
             sizes = torch.tensor([[img.shape[-1], img.shape[-2]] for img in images])
             boxes = random_boxes(sizes, self.scale, self.ratio)
-        rois = torch.cat([torch.zeros(len(images), 1, dtype=torch.float64), boxes.double()], 1).to(torch.float32)
-        rois = (rois.pin_memory() if self.device.type == "cuda" else rois).to(self.device, non_blocking=True)
+        odd = [tuple(img.shape) for img in images if img.dim() != 3 or img.shape[0] != 3]
+        if odd:
+            raise BadArgument(f"{type(self).__name__} crops 3 x H x W images; given {odd[0]}: decode to RGB")
+        shapes = [(int(img.shape[1]), int(img.shape[2])) for img in images]
+        pieces = _pieces(shapes)
+        order = [i for piece in pieces for i in piece]
+        shared = len({(img.untyped_storage().data_ptr(), img.dtype) for img in images}) == 1
+        rows = []  # each image's table row, in piece order
+        for piece in pieces:
+            start = 0
+            for i in piece:  # one buffer (collate_pixels' batch): as it lies; else a piece's images end to end
+                img = images[i]
+                rows.append([*shapes[i], *((img.storage_offset(), *img.stride()) if shared else
+                                           (start, shapes[i][0] * shapes[i][1], shapes[i][1], 1))])
+                start += img.numel()
+        rois = torch.cat([torch.zeros(len(images), 1, dtype=torch.float64), boxes.double()], 1)[order].float()
+        table = torch.tensor(rows, dtype=torch.int64)
+        where = torch.tensor(order, dtype=torch.int64)
+        if self.device.type == "cuda":  # small tables, one pinned copy each: nothing waits for the GPU
+            rois, table, where = rois.pin_memory(), table.pin_memory(), where.pin_memory()
+        rois, table, where = (t.to(self.device, non_blocking=True) for t in (rois, table, where))
+        flat = (torch.empty(0, dtype=images[0].dtype, device=self.device).set_(images[0].untyped_storage())
+                if shared else None)
         out = torch.empty(len(images), 3, self.size, self.size, dtype=torch.float32, device=self.device)
-        for start, canvas in _canvases(images, self.device):
-            part = rois[start:start + len(canvas)].clone()
-            part[:, 0] = torch.arange(len(canvas), device=self.device)  # each box's image within this canvas
-            out[start:start + len(canvas)] = ops.roi_align(canvas, part, self.size, sampling_ratio=-1, aligned=True)
+        done = 0
+        for piece in pieces:
+            k = len(piece)
+            values = flat if shared else torch.cat([images[i].reshape(-1) for i in piece])
+            tall, wide = max(shapes[i][0] for i in piece), max(shapes[i][1] for i in piece)
+            canvas = _canvas(values, table[done:done + k], tall, wide)
+            part = rois[done:done + k].clone()
+            part[:, 0] = torch.arange(k, device=self.device)  # each box's image within this canvas
+            out[where[done:done + k]] = ops.roi_align(canvas, part, self.size, sampling_ratio=-1, aligned=True)
+            del canvas
+            done += k
         if self.flip:
             mirror = torch.rand(len(images), device=self.device) < 0.5
             out = torch.where(mirror[:, None, None, None], out.flip(-1), out)

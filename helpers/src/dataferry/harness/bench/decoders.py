@@ -238,7 +238,9 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
                                  pin_memory=on_cuda and torch.cuda.is_available())
         if crops_on_device is not None:
             loader = crops_on_device(loader, crop, str(compute.device))
-        for report in feed(loader, compute, epochs=epochs, before_epoch=before_epoch):
+
+        def record(report: Any, name: str = name, states: list[str] = states) -> None:
+            """Each epoch's row, and its line, as the epoch ends."""
             rows.append({"decoder": name, "epoch": report.epoch, "samples_per_s": report.samples_per_s, "au": report.au,
                          "steady_au": report.steady_au,
                          "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,
@@ -246,6 +248,8 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
                          "workers": workers, "cpus": os.cpu_count(), "compute": who})
             say(f"  {name:22} epoch {report.epoch}: {report.samples_per_s:6.0f} samples/s, AU {report.au:4.0%}, "
                 f"waiting {report.wait_s / report.wall_s:4.0%} ({states[report.epoch - 1]})")
+
+        feed(loader, compute, epochs=epochs, before_epoch=before_epoch, on_epoch=record)
         del loader
         gc.collect()  # its workers go now, not while the next decoder runs
     return rows

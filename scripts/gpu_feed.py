@@ -121,6 +121,12 @@ def main() -> None:
     ap.add_argument("--cold-widths", default="", help='e.g. "1,4,8": epoch 1 from a folder against plain reads')
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    passes = args.passes.split(",")
+    unknown = sorted(set(passes) - {"dropped", "kept", "alone", "alone-kept", "emulated"})
+    if unknown:
+        ap.error(f"--passes {','.join(unknown)}: choose from dropped, kept, alone, alone-kept, emulated")
+    if args.images < 5 or args.distinct < 0:
+        ap.error("--images: 5 or more (a fifth of them a class); --distinct: 0 (all of them drawn) or more")
 
     import torch
     from torch.utils.data import DataLoader, RandomSampler
@@ -169,7 +175,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
-        distinct = args.distinct or args.images
+        distinct = min(args.distinct or args.images, args.images)
         flowers = plan_flowers(distinct // 5, seed=23, prefix="flowers/").write_to(work / "photos")
         folder = work / "photos" / "flowers"
         drawn = sorted(folder.rglob("*.jpg"))
@@ -211,21 +217,23 @@ def main() -> None:
 
         ds = ImageFolder(folder, transform=augment())
         loader = DataLoader(ds, batch_size=args.batch, sampler=RandomSampler(ds), num_workers=args.workers,
-                            pin_memory=on_cuda, persistent_workers=True)
+                            pin_memory=on_cuda, persistent_workers=args.workers > 0)
         first: list[dict[str, Any]] = []
         ends: list[float] = []
-        for r in feed(loader, real, epochs=args.epochs):
+
+        def record(r: Any) -> None:
             ends.append(time.perf_counter())
             first.append({"decoder": "imagefolder-local", "workers": args.workers, "epoch": r.epoch,
                           "samples_per_s": r.samples_per_s, "au": r.au, "steady_au": r.steady_au,
                           "wait_share": r.wait_s / r.wall_s, "epoch_s": r.wall_s, "cache_state": "page cache"})
             print(f"  imagefolder-local      epoch {r.epoch}: {r.samples_per_s:6.0f} samples/s, AU {r.au:4.0%}",
                   flush=True)
+
+        feed(loader, real, epochs=args.epochs, on_epoch=record)
         del loader
         with_busy(first, ends, "real")
         source = LocalSource(folder)
         decoders = ["pil", "torchvision"] + ([GPU] if on_cuda else [])
-        passes = args.passes.split(",")
         if "dropped" in passes:
             run_decoders("real", real, args.workers, decoders, 256, "real")
             copies = [f for f in (work / "real" / "cache" / "objects").rglob("*") if f.is_file()]
@@ -279,7 +287,7 @@ def main() -> None:
     for (decoder, compute), rs in seen.items():
         ms = rs[0].get("decode_ms_per_sample")
         on_cpu = ms is not None and GPU not in decoder.split(",")[0].split()
-        ceiling = f"{rs[0]['workers'] * 1000 / ms:,.0f}" if on_cpu else ""
+        ceiling = f"{max(rs[0]['workers'], 1) * 1000 / ms:,.0f}" if on_cpu else ""
 
         def med(key: str) -> float:
             return statistics.median(r[key] for r in rs)

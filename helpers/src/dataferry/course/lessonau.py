@@ -179,13 +179,17 @@ def real_gpu(data: AUData, profile: Any, *, epochs: int, workers: int, batch_siz
         ds = CachedDataset(data.target.source, cache, decode=image_sample)
         loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, pin_memory=True, persistent_workers=True,
                             sampler=ds.prefetching(RandomSampler(ds)))
+        entries = [ds.entry(i) for i in range(len(ds))]
+        states: list[str] = []
+
+        def before(epoch: int, cache: Any = cache, ds: Any = ds, entries: list[Any] = entries,
+                   states: list[str] = states) -> None:
+            copies = [cache.path(ds.source, e) for e in entries if epoch > 1 and cache.contains(ds.source, e)]
+            states.append(epoch_state("cache", epoch, evict(copies).cache_state) if copies else "cold_verified")
+
         with data.under(lab_profile):
-            for epoch in range(1, epochs + 1):
-                entries = [ds.entry(i) for i in range(len(ds))] if epoch > 1 else []
-                copies = [cache.path(ds.source, e) for e in entries if cache.contains(ds.source, e)]  # nothing filled
-                state = epoch_state("cache", epoch, evict(copies).cache_state) if copies else "cold_verified"
-                r = feed(loader, compute, epochs=1)[0]
-                rows.append({"mode": mode, "where": getattr(region, "region", "unknown"), "epoch": epoch,
-                             "cache state": state, "AU": r.au, "steady AU": r.steady_au, "samples/s": r.samples_per_s,
-                             "bound by": r.bound_by})
+            for r in feed(loader, compute, epochs=epochs, before_epoch=before):
+                rows.append({"mode": mode, "where": getattr(region, "region", "unknown"), "epoch": r.epoch,
+                             "cache state": states[r.epoch - 1], "AU": r.au, "steady AU": r.steady_au,
+                             "samples/s": r.samples_per_s, "bound by": r.bound_by})
     return pd.DataFrame(rows)

@@ -16,7 +16,7 @@ from typing import Any
 
 from dataferry.errors import BadArgument, MissingPath
 
-__all__ = ["Results", "load_results", "size_text", "COLUMNS", "SCHEMA_VERSION"]
+__all__ = ["Results", "load_results", "recorded_cache_states", "size_text", "COLUMNS", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 3
 #: Versions :func:`load_results` reads; version 1 rows had no ``bucket_location`` (read as ""), versions
@@ -38,6 +38,15 @@ COLUMNS = [
     "open_ns", "first_byte_ns", "read_ns", "close_ns", "ns", "MBps", "retries", "error",
     "au", "samples", "wait_p50_ns", "wait_p95_ns", "bound_by", "compute_profile",
 ]
+
+
+def recorded_cache_states(rows: Any) -> Any:
+    """The rows' ``cache_state`` column with empty cells (how a CSV loads a missing state) as missing, or None
+    where no row recorded one (rows from before cache states were)."""
+    if "cache_state" not in rows.columns:
+        return None
+    recorded = rows["cache_state"].mask(rows["cache_state"] == "")
+    return None if recorded.isna().all() else recorded
 
 
 def size_text(n: float) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dataferry.harness.bench.methods import Target
-from dataferry.harness.results import Results, size_text
+from dataferry.harness.results import Results, recorded_cache_states, size_text
 
 __all__ = ["summary", "summary_table", "say_failures"]
 
@@ -62,8 +62,8 @@ def summary(rows: Any) -> dict[str, Any]:
 def _started_in(epochs: Any) -> dict[str, dict[str, list[str]]] | None:
     """The cache states the first reads and the repeats started in, each with the methods whose epochs did (None:
     rows from before cache states were recorded)."""
-    recorded = epochs["cache_state"].mask(epochs["cache_state"] == "") if "cache_state" in epochs.columns else None
-    if recorded is None or recorded.isna().all():
+    recorded = recorded_cache_states(epochs)
+    if recorded is None:
         return None
     states = recorded.fillna("not recorded").astype(str)
     return {kind: {str(state): sorted(g["method"].astype(str).unique()) for state, g in epochs[part].groupby(states[part])}

@@ -19,6 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from dataferry.harness.results import recorded_cache_states
 from dataferry.harness.plots.palette import RGB, darker, lighter, method_palette, ordered_methods, patch
 from dataferry.harness.plots.settings import (LAB_NOTE, PASS_KINDS, epochs_of, listing, png_metadata, record_box,
                                       region_order, scope, settings_of, sizes_of)
@@ -249,8 +250,8 @@ def _later_epochs(rows: pd.DataFrame) -> str:
 
 def _cache_states(rows: pd.DataFrame, methods: Sequence[str], later: str) -> str:
     """The cache state each method's epochs started in, epoch 1 and then the later ones, grouped by state."""
-    recorded = rows["cache_state"].mask(rows["cache_state"] == "") if "cache_state" in rows else None
-    if recorded is None or recorded.isna().all():
+    recorded = recorded_cache_states(rows)
+    if recorded is None:
         return "cache states: not recorded"
     rows = rows.assign(cache_state=recorded)
     parts = []

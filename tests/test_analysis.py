@@ -116,17 +116,19 @@ def _train(method, au, bound, epoch=2, region="lab:colocated"):
 
 @pytest.mark.parametrize("train, verdict", [
     ([_train("dataferry", 0.90, "compute"), _train("gcsfuse", 0.3, "loader")],
-     "best reader (dataferry) kept the accelerator busy 90% of the time, bound by compute: reading was no longer the "
+     "best reader (dataferry) kept the accelerator busy 90% of the time (whole epochs), bound by compute: reading was no "
+     "longer the "
      "limit, as the post said."),
     ([_train("dataferry", 0.89, "compute")], "these epochs cannot say whether reading was still the limit."),
     ([_train("dataferry", 0.95, "loader")], "bound by loader: the loader held training back; with no local-disk "
      "reader beside it, these rows cannot say whether reading or the loader's own work did."),
     ([_train("dataferry", 0.90, "loader"), _train("local", 0.95, "loader")], "reading still held training back."),
     ([_train("cache", 0.10, "loader"), _train("stage", 0.10, "loader"), _train("local", 0.07, "loader")],
-     "local disk, with nothing to fetch, reached 7%, no more, so not the network but the disk or the loader's own work"),
+     "local disk, with nothing to fetch, reached 7%, no higher, so not the network but the disk or the loader's own work"),
     ([_train("cache", 0.11, "loader"), _train("stage", 0.109, "loader"), _train("local", 0.093, "loader")],
-     "best readers (cache, stage, local, tied) kept the accelerator busy 11% of the time, bound by loader: local disk, "
-     "with nothing to fetch, reached 9%, no more, so not the network but the disk or the loader's own work (its "
+     "best readers (cache 11%, stage 11%, local 9%; tied within 2 points) kept the accelerator busy up to 11% of the "
+     "time (whole epochs), the best of them (cache) bound by loader: local disk, with nothing to fetch, reached 9%, no "
+     "higher, so not the network but the disk or the loader's own work (its "
      "workers, their CPUs) held training back; these rows do not tell the two apart."),
     ([_train("dataferry", 0.95, "compute", epoch=1)], None),
 ])

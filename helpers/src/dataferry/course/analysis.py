@@ -261,7 +261,7 @@ class Findings:
                 verdict = ": reading was no longer the limit, as the post said."
             elif bound == "loader" and "local" in best.index and len(fetched) and \
                     best["local"] <= fetched.iloc[0] + AU_TIE:
-                verdict = (f": local disk, with nothing to fetch, reached {best['local']:.0%}, no more, so not the "
+                verdict = (f": local disk, with nothing to fetch, reached {best['local']:.0%}, no higher, so not the "
                            "network but the disk or the loader's own work (its workers, their CPUs) held training back; "
                            "these rows do not tell the two apart.")
             elif bound == "loader" and "local" in best.index:
@@ -273,9 +273,13 @@ class Findings:
                 verdict = ": these epochs cannot say whether reading was still the limit."
             runs = int(g.groupby("method").size().min())
             few = f" From {runs} run(s) of a reader here: too few to be sure." if runs < AU_MIN_RUNS else ""
-            who = f"best reader ({method})" if len(top) == 1 else f"best readers ({', '.join(top)}, tied)"
-            say(f"   - {', '.join(map(str, key))}: after epoch 1 the {who} kept the accelerator busy "
-                f"{au:.0%} of the time, bound by {bound}{verdict}{few}")
+            if len(top) == 1:
+                busy = f"best reader ({method}) kept the accelerator busy {au:.0%} of the time (whole epochs), bound by"
+            else:
+                each = ", ".join(f"{m} {best[m]:.0%}" for m in top)
+                busy = (f"best readers ({each}; tied within {AU_TIE * 100:.0f} points) kept the accelerator busy up to "
+                        f"{au:.0%} of the time (whole epochs), the best of them ({method}) bound by")
+            say(f"   - {', '.join(map(str, key))}: after epoch 1 the {busy} {bound}{verdict}{few}")
 
     def _second_read(self, say: Say) -> None:
         say(f"   More specifically, the post found the second read {post_quote('second_read')}, while "

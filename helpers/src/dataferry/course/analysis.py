@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataferry.course.findings.au import _names
+from dataferry.course.findings.au import _beside, _names
 from dataferry.course.shipped import post_quote
 from dataferry.harness.results import load_results, size_text
 
@@ -274,11 +274,12 @@ class Findings:
             runs = int(g.groupby("method").size().min())
             few = f" From {runs} run(s) of a reader here: too few to be sure." if runs < AU_MIN_RUNS else ""
             if len(top) == 1:
-                busy = f"best reader ({method}) kept the accelerator busy {au:.0%} of the time (whole epochs), bound by"
+                busy = (f"best reader ({method}) kept the accelerator busy {_beside(au, AU_TARGET)} of the time (whole "
+                        "epochs), bound by")
             else:
-                each = ", ".join(f"{m} {best[m]:.0%}" for m in top)
+                each = ", ".join(f"{m} {_beside(best[m], AU_TARGET)}" for m in top)
                 busy = (f"best readers ({each}; tied within {AU_TIE * 100:.0f} points) kept the accelerator busy up to "
-                        f"{au:.0%} of the time (whole epochs), the best of them ({method}) bound by")
+                        f"{_beside(au, AU_TARGET)} of the time (whole epochs), the best of them ({method}) bound by")
             say(f"   - {', '.join(map(str, key))}: after epoch 1 the {busy} {bound}{verdict}{few}")
 
     def _second_read(self, say: Say) -> None:

@@ -169,3 +169,30 @@ def test_a_lab_mounts_file_cache_goes_at_unmount(gcsfuse_lab, lab_bucket):
     assert [p.stat().st_size for p in m.cache_dir.rglob("*") if p.is_file()] == [200_000]
     m.unmount()
     assert not m.cache_dir.exists()
+
+
+def test_a_folder_on_a_gcsfuse_mount_keeps_its_versions_and_cache_when_gcsfuse_renumbers_its_files(
+        gcsfuse_lab, lab_bucket, tmp_path):
+    """gcsfuse gives a file a new inode number each time the kernel looks it up afresh (after it forgot the
+    inode under memory pressure, or after a remount), in the order files are looked up. A version with the
+    inode number in it said every such file "changed since it was listed" mid-epoch, and keyed it anew in the
+    cache, so the cache filled through a mount was never used again after a remount."""
+    from dataferry import Cache, LocalSource
+
+    names = [f"d/f{i}.bin" for i in range(4)]
+    for i, name in enumerate(names):
+        lab_bucket.blob(name).upload_from_string(bytes([i]) * (1000 + i))
+    point = tmp_path / "mnt"
+    source, cache = LocalSource(point), Cache(tmp_path / "cache")
+    with gcsfuse_lab.mount(lab_bucket.name, mountpoint=point):
+        listed = sorted(source.list(), key=lambda e: e.name)
+        numbers = [os.stat(point / n).st_ino for n in names]
+        assert [cache.read(source, e) for e in listed] == [bytes([i]) * (1000 + i) for i in range(4)]
+    with gcsfuse_lab.mount(lab_bucket.name, mountpoint=point):
+        for name in reversed(names):  # looked up in the other order: gcsfuse numbers them otherwise
+            os.stat(point / name)
+        assert [os.stat(point / n).st_ino for n in names] != numbers, "the premise: gcsfuse renumbered the files"
+        for e in listed:  # a listing taken before the numbers changed still reads
+            assert source.fetch(e, io.BytesIO()) == e.size
+        assert sorted(source.list(), key=lambda e: e.name) == listed, "the same files, the same versions"
+        assert all(cache.contains(source, e) for e in source.list()), "the cache filled through the mount is used"

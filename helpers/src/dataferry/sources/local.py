@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dataferry.errors import BadArgument
-from dataferry.host import on_network_filesystem
+from dataferry.host import filesystem_of, on_network_filesystem
 from dataferry.sources.base import (CHUNK, ChangedAtSource, Entry, NotFoundAtSource, SourceError, safe_name,
                                     where)
 from dataferry.sources.beneath import open_beneath
@@ -37,6 +37,7 @@ class LocalSource:
         self._root = str(self.root).rstrip("/")  # joined by hand: a Path per read cost more than the open
         self.uri = self.root.as_uri()
         self.follow_links = follow_links
+        self._numbered: dict[int, bool] = {}  # by device: whether its inode numbers are the files' own (not FUSE)
 
     @property
     def remote(self) -> bool:
@@ -54,9 +55,15 @@ class LocalSource:
         except ValueError as e:
             raise BadArgument(str(e)) from None
 
-    @staticmethod
-    def _entry(name: str, st: os.stat_result) -> Entry:
-        return Entry(name, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}-{st.st_ctime_ns}")
+    def _entry(self, name: str, st: os.stat_result) -> Entry:
+        numbered = self._numbered.get(st.st_dev)
+        if numbered is None:
+            # A FUSE daemon numbers files as it likes: gcsfuse gives a file a new inode number each time the kernel
+            # looks it up afresh (after forgetting it under memory pressure, after a remount). There the number
+            # says nothing of the file, and a version with it would be "changed" mid-epoch and keyed anew.
+            numbered = self._numbered[st.st_dev] = not filesystem_of(f"{self._root}/{name}").startswith("fuse")
+        number = st.st_ino if numbered else ""
+        return Entry(name, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{number}-{st.st_ctime_ns}")
 
     def list(self) -> Iterator[Entry]:
         follow = self.follow_links

@@ -123,3 +123,17 @@ def test_lesson_10_stages_a_crash_and_a_disconnect_on_a_real_gcsfuse_mount(tmp_p
         "the newest recorded checkpoint (step 1), whole"
     assert bucket not in {b.name for b in lab.client(direct=True).list_buckets()}, "finish() deleted the bucket"
     assert not any(m.mounted for m in places.mounts.values()), "and unmounted the mount"
+
+
+def test_the_pooled_runs_say_how_many_failed_read_and_training_epochs_they_leave_out():
+    """Lesson 11 said "0 failed epochs left out" while it left out a failed training epoch: it counted only
+    read epochs."""
+    from dataferry.course.lessondata import failed_epochs
+
+    rows = pd.DataFrame({"phase": ["epoch", "epoch", "train", "train", "read"],
+                         "error": ["", "", "", "", "boom"]})
+    assert failed_epochs(rows) == "0 failed read epochs, 0 failed training epochs"
+    rows.loc[[1, 3], "error"] = "cuda out of memory"
+    assert failed_epochs(rows) == "1 failed read epoch, 1 failed training epoch"
+    rows.loc[[0, 2], "error"] = "timeout"
+    assert failed_epochs(rows) == "2 failed read epochs, 2 failed training epochs"

@@ -312,6 +312,14 @@ class Pooled:
         return self.about
 
 
+def failed_epochs(rows: Any) -> str:
+    """How many epochs the pooled ``rows`` hold that failed (an error set), reading and training apart: the
+    analysis leaves both out, and says so."""
+    failed = rows[rows["error"] != ""]
+    reads, trains = int((failed["phase"] == "epoch").sum()), int((failed["phase"] == "train").sum())
+    return f"{reads} failed read epoch{'' if reads == 1 else 's'}, {trains} failed training epoch{'' if trains == 1 else 's'}"
+
+
 def pooled_runs(course: Course, extra: list[str], shipped: bool, *, figure_lesson: str = "",
                 **fallback: Any) -> Pooled:
     """Every ``results.csv`` under the course's results, ``extra`` folders and (``shipped``) the runs from real
@@ -339,10 +347,9 @@ def pooled_runs(course: Course, extra: list[str], shipped: bool, *, figure_lesso
         raise ValueError(f"FIGURE_LESSON = {figure_lesson!r} has no epoch rows here; pooled: {', '.join(lessons.index)}")
     files = epochs[epochs["lesson"] == drawn_lesson]["files"].value_counts().index[0]
     drawn = epochs[(epochs["lesson"] == drawn_lesson) & (epochs["files"] == files)]
-    failed = int(((rows["phase"] == "epoch") & (rows["error"] != "")).sum())
     n_shipped = len(list(shipped_results().rglob("results.csv"))) if shipped else 0
     about = (f"{measured}{len(rows)} rows from {rows['run_id'].nunique()} runs ({n_shipped} shipped from real clouds); "
-             f"{len(epochs)} usable epoch rows ({failed} failed epochs left out). The standard figures draw "
+             f"{len(epochs)} usable epoch rows ({failed_epochs(rows)} left out). The standard figures draw "
              f"{drawn_lesson}'s runs of {files} files ({len(drawn)} epoch rows).")
     train = rows[(rows["phase"] == "train") & (rows["error"] == "")]
     train_drawn = train

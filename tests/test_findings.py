@@ -703,16 +703,23 @@ def test_a_way_that_passes_only_once_its_pipeline_is_full_is_said_to_wait_at_eac
                          "step and the batches fetched ahead; an epoch of many more steps spreads it thin)."]
 
 
-def test_an_interval_is_printed_rounded_outward_so_it_never_contradicts_its_verdict(monkeypatch):
-    """A low bound of 89.74% printed as 90% sat beside "the interval straddles 90%" in lesson 08's run."""
+def test_an_interval_is_printed_so_it_never_contradicts_its_verdict(monkeypatch):
+    """A low bound of 89.74% printed as 90% sat beside "the interval straddles 90%" in lesson 08's run; a bound
+    rounded outward to 90% sat beside "below it". A bound that whole percent would carry across 90% is given to a
+    tenth."""
     from dataferry.harness.feed import PROFILES
     from dataferry.course.findings import au
 
     monkeypatch.setattr(au, "_ci", lambda values: (0.8974, 0.9410))
     said = au.utilisation(_au_rows({"stage": [0.93] * 5}), PROFILES["resnet50-v100-fp32"], "lab:x", ["stage"], 5,
                           32).sentences
-    assert any(s.startswith("stage: ") and s.endswith("once their pipeline was full [95% CI 89%, 95%].") for s in said)
+    assert any(s.startswith("stage: ") and s.endswith("once their pipeline was full [95% CI 89.7%, 94%].") for s in said)
     assert any(s.startswith("stage: the interval straddles 90%") for s in said), said
+    monkeypatch.setattr(au, "_ci", lambda values: (0.71, 0.8974))  # printed [71%, 90%] beside "below it" in a run
+    said = au.utilisation(_au_rows({"stage": [0.85] * 5}), PROFILES["resnet50-v100-fp32"], "lab:x", ["stage"], 5,
+                          32).sentences
+    assert any(s.startswith("stage: ") and s.endswith("once their pipeline was full [95% CI 71%, 89.7%].") for s in said)
+    assert any("below it: stage" in s for s in said), said
 
 
 def test_an_epoch_no_longer_than_its_pipelines_fill_has_no_steady_state_to_judge():

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataferry.course.findings.au import _beside, _names
+from dataferry.course.findings import listed, percent
 from dataferry.course.shipped import post_quote
 from dataferry.harness.results import load_results, size_text
 
@@ -172,9 +172,9 @@ class Findings:
             lead, _ = _leader(remote)
             tied = [str(m) for m in remote.sort_values(ascending=False).index if LEAD * remote[m] > remote[best]]
             which = (f"the only first read measured ({best}" if len(remote) == 1 else f"the fastest first read ({best}" if lead
-                     else f"the first reads of {_names(tied, 'and')}, within {LEAD}x of the highest ({best}")
+                     else f"the first reads of {listed(tied, 'and')}, within {LEAD}x of the highest ({best}")
             whose = [f"{m}'s" for m in copies.index]
-            of = f", the median of {_names(whose, 'and')}" if len(copies) > 1 else ""
+            of = f", the median of {listed(whose, 'and')}" if len(copies) > 1 else ""
             as_in_2020 = ("the lab's link (its round trip and bandwidth) bounds first reads here: a link we chose, so a "
                           "mechanism, not a finding about the cloud." if setting[3].startswith("lab:") else "the transfer bounds first reads, as in 2020.")
             say(f"   - {_named(setting)}: {which}, {remote[best]:.1f} MB/s) ran "
@@ -274,12 +274,12 @@ class Findings:
             runs = int(g.groupby("method").size().min())
             few = f" From {runs} run(s) of a reader here: too few to be sure." if runs < AU_MIN_RUNS else ""
             if len(top) == 1:
-                busy = (f"best reader ({method}) kept the accelerator busy {_beside(au, AU_TARGET)} of the time (whole "
+                busy = (f"best reader ({method}) kept the accelerator busy {percent(au, AU_TARGET)} of the time (whole "
                         "epochs), bound by")
             else:
-                each = ", ".join(f"{m} {_beside(best[m], AU_TARGET)}" for m in top)
+                each = ", ".join(f"{m} {percent(best[m], AU_TARGET)}" for m in top)
                 busy = (f"best readers ({each}; tied within {AU_TIE * 100:.0f} points) kept the accelerator busy up to "
-                        f"{_beside(au, AU_TARGET)} of the time (whole epochs), the best of them ({method}) bound by")
+                        f"{percent(au, AU_TARGET)} of the time (whole epochs), the best of them ({method}) bound by")
             say(f"   - {', '.join(map(str, key))}: after epoch 1 the {busy} {bound}{verdict}{few}")
 
     def _second_read(self, say: Say) -> None:

@@ -82,7 +82,7 @@ def au_data(course: Course, n: int, file_bytes: int, methods: list[str], *, seed
         mounts.install_gcsfuse()
     target = source_target(cloud.uri, max_files=n, seed=seed, client=cloud.client, suffix=cloud.suffix)
     ways = [m for m in methods if m in ("api", "stage", "cache") or (m.startswith("gcsfuse") and target.mount)]
-    from dataferry.course.findings.au import where_said
+    from dataferry.course.findings import where_said
 
     region = course.region()
     return AUData(target, [(None, region)], ways, work, f"{len(target.names)} files of {cloud.uri}, "

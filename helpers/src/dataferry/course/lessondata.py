@@ -35,8 +35,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 def region_label(course: Course) -> str:
     """``region <name>``, or that it was not found: what a cloud figure of this run is labelled."""
-    region = course.region().region
-    return f"region {region}" if region != "unknown" else "region unknown, not found"
+    from dataferry.course.findings import where_said
+
+    return where_said(course.region().region)
 
 
 @contextlib.contextmanager

@@ -12,10 +12,11 @@ of its module, and the tests check the wording on both sides of each.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MIN_REPEATS", "Conclusion", "interval", "judged", "mb"]
+__all__ = ["MIN_REPEATS", "Conclusion", "interval", "judged", "listed", "mb", "percent", "where_said"]
 
 #: Fewer repetitions than this give no interval worth judging.
 MIN_REPEATS = 3
@@ -24,6 +25,27 @@ MIN_REPEATS = 3
 def mb(n: float) -> str:
     """Bytes as megabytes, to two decimals below 10 MB and one above."""
     return f"{n / 1e6:.2f} MB" if n < 10e6 else f"{n / 1e6:.1f} MB"
+
+
+def percent(value: float, at: float) -> str:
+    """``value`` in whole percent, or to a tenth where whole percent would put it on the other side of ``at`` than
+    it is: an AU of 89.92% beside a verdict that it was below 90% reads 89.9%, not 90%."""
+    if (value < at) == (round(value * 100) < at * 100):
+        return f"{value:.0%}"
+    tenths = math.floor(value * 1000) if value < at else math.ceil(value * 1000)
+    return f"{tenths / 10:.1f}%"
+
+
+def listed(items: list[str], last: str) -> str:
+    """``a, b and c`` (``last`` the final joining word)."""
+    return f"{', '.join(items[:-1])} {last} {items[-1]}" if len(items) > 1 else "".join(items)
+
+
+def where_said(region: str) -> str:
+    """A run's heading: ``lab:<profile>`` as it is, a cloud region named as one, an unknown one said so."""
+    if region.startswith("lab:"):
+        return region
+    return f"region {region}" if region and region != "unknown" else "region unknown, not found"
 
 
 def interval(a: Any, b: Any, seed: int = 0) -> tuple[float, float, float]:

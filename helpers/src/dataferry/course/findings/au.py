@@ -3,13 +3,12 @@ state against MLPerf Storage's thresholds, and what decoding costs once the file
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from dataferry.harness.feed import PREFETCH_FACTOR
-from dataferry.course.findings import MIN_REPEATS, Conclusion
+from dataferry.course.findings import MIN_REPEATS, Conclusion, listed, percent, where_said
 
-__all__ = ["where_said", "MLPERF", "target_for", "steady", "utilisation", "decoding"]
+__all__ = ["MLPERF", "target_for", "steady", "utilisation", "decoding"]
 
 #: MLPerf Storage's AU thresholds by workload: a storage system passes when the accelerators stay busy at
 #: least this share of the time (ResNet-50 and U-Net3D 90%, CosmoFlow 70%).
@@ -39,19 +38,11 @@ def steady(rows: Any, batch_size: int) -> Any:
     return (compute * (steps - fill) / steps / rest).where((rest > 0) & (steps > fill))
 
 
-def _interval(low: float, high: float) -> str:
-    """A 95% interval in whole percent, rounded outward, so that a printed bound never sits on the other side of
-    a threshold than the verdict beside it (a low of 89.7% printed as 90% beside "straddles 90%")."""
-    return f"[95% CI {math.floor(round(low * 100, 6))}%, {math.ceil(round(high * 100, 6))}%]"
-
-
-def _beside(value: float, at: float) -> str:
-    """``value`` in whole percent, or to a tenth where whole percent would put it on the other side of ``at`` than
-    it is: an AU of 89.92% beside a verdict that it was below 90% reads 89.9%, not 90%."""
-    if (value < at) == (round(value * 100) < at * 100):
-        return f"{value:.0%}"
-    tenths = math.floor(value * 1000) if value < at else math.ceil(value * 1000)
-    return f"{tenths / 10:.1f}%"
+def _interval(low: float, high: float, at: float) -> str:
+    """A 95% interval, each bound :func:`_beside` the threshold ``at``, so that a printed bound never sits on the
+    other side of it than the verdict beside it says (a low of 89.74% printed as 90% beside "straddles 90%", a high
+    of 89.7% printed as 90% beside "below 90%")."""
+    return f"[95% CI {percent(low, at)}, {percent(high, at)}]"
 
 
 def _ci(values: Any) -> tuple[float, float]:
@@ -78,14 +69,14 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
             short.append(m)
             continue
         med, (low, high) = values.median(), _ci(values)
-        said.append(f"{m}: AU {_beside(e1['au'].median(), at)} in epoch 1, {_beside(later['au'].median(), at)} in later "
-                    f"epochs, {_beside(med, at)} once their pipeline was full"
-                    + (f" {_interval(low, high)}." if low == low else ", too few runs for an interval."))
+        said.append(f"{m}: AU {percent(e1['au'].median(), at)} in epoch 1, {percent(later['au'].median(), at)} in later "
+                    f"epochs, {percent(med, at)} once their pipeline was full"
+                    + (f" {_interval(low, high, at)}." if low == low else ", too few runs for an interval."))
         if low == low and low >= at:
             passing.append(m)
             if later["au"].median() < at:
                 at_start.append(f"{m}: at or above {at:.0%} only once the pipeline was full: its later epochs as a whole "
-                                f"ran at {_beside(later['au'].median(), at)}, against {med:.0%} once it was full (the difference is each "
+                                f"ran at {percent(later['au'].median(), at)}, against {med:.0%} once it was full (the difference is each "
                                 "epoch's start, the first step and the batches fetched ahead; an epoch of many more steps "
                                 "spreads it thin).")
         elif low == low and high < at:
@@ -117,18 +108,6 @@ def utilisation(rows: Any, profile: Any, region: str, methods: list[str], repeat
     return Conclusion(where_said(region), said)
 
 
-def where_said(region: str) -> str:
-    """A run's heading: ``lab:<profile>`` as it is, a cloud region named as one, an unknown one said so."""
-    if region.startswith("lab:"):
-        return region
-    return f"region {region}" if region and region != "unknown" else "region unknown, not found"
-
-
-def _names(items: list[str], last: str) -> str:
-    """``a, b and c`` (``last`` the final joining word)."""
-    return f"{', '.join(items[:-1])} {last} {items[-1]}" if len(items) > 1 else "".join(items)
-
-
 def _busy(whole: float, steady: Any) -> str:
     """What the fastest decoder did for the accelerator: judged against 90% once its pipeline was full, by the 95%
     interval of its later epochs' steady AU (as the ways of reading are, over runs); by whole epochs (``whole``, the
@@ -142,12 +121,12 @@ def _busy(whole: float, steady: Any) -> str:
         return (f"once the pipeline was full its AU was {med:.0%}, over too few epochs for an interval: this run cannot "
                 "say whether it kept the accelerator busy; raise DECODE_EPOCHS.")
     if low >= 0.9:
-        return (f"once the pipeline was full it kept the accelerator busy at least 90% of the time (AU {med:.0%} "
-                f"{_interval(low, high)}; whole epochs: {whole:.0%}).")
+        return (f"once the pipeline was full it kept the accelerator busy at least 90% of the time (AU {percent(med, 0.9)} "
+                f"{_interval(low, high, 0.9)}; whole epochs: {whole:.0%}).")
     if high < 0.9:
-        return (f"even so, once the pipeline was full, the accelerator waited {1 - med:.0%} of the time (AU {med:.0%} "
-                f"{_interval(low, high)}), every image already on local disk.")
-    return (f"once the pipeline was full its AU was {med:.0%} {_interval(low, high)}, an interval that straddles "
+        return (f"even so, once the pipeline was full, the accelerator waited {1 - med:.0%} of the time (AU {percent(med, 0.9)} "
+                f"{_interval(low, high, 0.9)}), every image already on local disk.")
+    return (f"once the pipeline was full its AU was {percent(med, 0.9)} {_interval(low, high, 0.9)}, an interval that straddles "
             "90%: this run cannot say whether it kept the accelerator busy; raise DECODE_EPOCHS.")
 
 
@@ -188,13 +167,13 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
     # decoders whose intervals overlap the fastest's (not PIL: the fastest's own interval says that, above)
     tied = [d for d in ranked[1:] if d != "pil" and gains[d][2] >= gains[best][1]]
     said.append(f"The fastest by images/s was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "")
-                + (f", not told apart from {_names(tied, 'or')} by this run" if tied else "") + ": "
+                + (f", not told apart from {listed(tied, 'or')} by this run" if tied else "") + ": "
                 + _busy(au[best], rows[(rows["epoch"] > 1) & (rows["decoder"] == best)].get("steady_au")))
     slack = [d for d in rate.index if not on_gpu(d) and workers * 1000 / ms[d] > 2 * rate[d]]
     if slack:
         what = " (for decode-once, only its crop and flip: it decodes nothing after epoch 1)" if any(
             d.startswith("decode-once") for d in slack) else ""
-        said.append(f"For {_names(slack, 'and')}, {workers} workers at their one-core costs could go more than twice as fast as the loop "
+        said.append(f"For {listed(slack, 'and')}, {workers} workers at their one-core costs could go more than twice as fast as the loop "
                     f"ran: decoding{what} is only part of an image's cost here; the rest (reading, collating, handing "
                     "batches over, the CPUs the workers share) is not profiled in this lesson.")
     return Conclusion(where, said)

@@ -8,7 +8,6 @@ true first read, and writes one row per file, download, listing and epoch.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import shutil
 import tempfile

@@ -163,7 +163,8 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
 
 
 def au_table(rows: Any) -> str:
-    """A markdown table: median AU (min-max, n) per setting x compute profile x method x epoch x cache state. A
+    """A markdown table: median AU (min-max, n; in tenths of a percent, so that 89.9% never reads as a threshold's
+    90%) per setting x compute profile x method x epoch x cache state. A
     setting is a lesson (when the rows name one), a sample count, a sample size, a region and a runtime kind: rows
     differing in any are never pooled."""
     ok = rows[(rows["phase"] == "train") & (rows["error"] == "")]
@@ -180,8 +181,8 @@ def au_table(rows: Any) -> str:
     lines = ["| " + " | ".join(head) + " | AU median (min-max) | n | samples/s | bound by |", "|" + "---|" * (len(head) + 4)]
     for key, g in ok.groupby(keys):
         sps = (g["samples"] / (g["ns"] / 1e9)).median()
-        lines.append(f"| {' | '.join(map(str, key))} | {g['au'].median():.0%} "
-                     f"({g['au'].min():.0%}-{g['au'].max():.0%}) | {len(g)} | {sps:.0f} | "
+        lines.append(f"| {' | '.join(map(str, key))} | {g['au'].median():.1%} "
+                     f"({g['au'].min():.1%}-{g['au'].max():.1%}) | {len(g)} | {sps:.0f} | "
                      f"{g['bound_by'].mode().iloc[0]} |")
     return "\n".join(lines)
 

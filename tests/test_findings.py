@@ -893,3 +893,26 @@ def test_the_steady_state_verdict_lists_a_way_it_cannot_decide(gcsfuse_aus, list
     rows = pd.concat([_au_rows({"stage": [0.95] * 5}), short], ignore_index=True)
     said = au.utilisation(rows, PROFILES["resnet50-v100-fp32"], "lab:x", ["stage", "local"], 5, 32).sentences
     assert "In the steady state, at or above 90%: stage; below it: no method; not told: local." in said, said
+
+
+@pytest.mark.parametrize("once_bytes, state, said_it", [
+    (262_000, "local_copy", True),    # 7.9x the JPEGs, read from the disk: said
+    (262_000, "page_cache", False),   # the same pictures left in the page cache: no disk read to speak of
+    (60_000, "local_copy", False),    # under twice the JPEGs: nothing worth a sentence
+])
+def test_what_decode_once_reads_from_the_disk_is_said_beside_the_jpegs(once_bytes, state, said_it):
+    """Lesson 08 ran decode-once at 1.29x PIL where the bench ran it at 2.5x, and did not say why: each of its
+    later epochs read the decoded pictures, 8x a JPEG's bytes, from a disk with the page cache dropped."""
+    import pandas as pd
+
+    from dataferry.course.findings import au
+
+    rows = pd.DataFrame([{"decoder": d, "epoch": e, "samples_per_s": rate, "au": 0.3, "decode_ms_per_sample": ms,
+                          "bytes_per_sample": 33_000 if d == "pil" or e == 1 else once_bytes,
+                          "cache_state": "decoding into the cache" if d != "pil" and e == 1 else state}
+                         for d, rate, ms in (("pil", 550, 1.8), ("decode-once@256", 710, 0.4)) for e in range(1, 4)])
+    said = [s for s in au.decoding(rows, 2, 2, "an emulated V100", "lab:x").sentences if "from local disk" in s]
+    assert said == ([f"decode-once@256 read {once_bytes / 1e3:.0f} KB an image from local disk in each later epoch, "
+                     f"{once_bytes / 33_000:.1f}x a JPEG's 33 KB (the page cache dropped before each epoch, as for a "
+                     f"data set larger than memory): {710 * once_bytes / 1e6:.0f} MB/s at its 710 images/s, against "
+                     "18 MB/s for PIL."] if said_it else [])

@@ -8,11 +8,15 @@ from typing import Any
 from dataferry.harness.feed import PREFETCH_FACTOR
 from dataferry.course.findings import MIN_REPEATS, Conclusion, listed, percent, where_said
 
-__all__ = ["MLPERF", "target_for", "steady", "utilisation", "decoding"]
+__all__ = ["MLPERF", "ONCE_READS_MORE", "target_for", "steady", "utilisation", "decoding"]
 
 #: MLPerf Storage's AU thresholds by workload: a storage system passes when the accelerators stay busy at
 #: least this share of the time (ResNet-50 and U-Net3D 90%, CosmoFlow 70%).
 MLPERF = {"resnet": 0.9, "unet": 0.9, "cosmoflow": 0.7}
+
+#: Decode-once's pictures are said to be read from the disk, beside the JPEGs, when they are at least this many times
+#: a JPEG's bytes (a 256-pixel picture is about 8x a flower JPEG).
+ONCE_READS_MORE = 2.0
 
 
 def target_for(model: str) -> tuple[float, str]:
@@ -169,6 +173,16 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
     said.append(f"The fastest by images/s was {best}" + (f" ({gains[best][0]:.2f}x PIL)" if best != "pil" else "")
                 + (f", not told apart from {listed(tied, 'or')} by this run" if tied else "") + ": "
                 + _busy(au[best], rows[(rows["epoch"] > 1) & (rows["decoder"] == best)].get("steady_au")))
+    if "bytes_per_sample" in rows.columns and "pil" in rate.index:  # what decode-once pays for decoding nothing
+        size = rows[rows["epoch"] > 1].groupby("decoder", sort=False)["bytes_per_sample"].median()
+        state = rows[rows["epoch"] > 1].groupby("decoder", sort=False)["cache_state"].agg(lambda s: s.mode().iloc[0])
+        for d in rate.index:
+            if d.startswith("decode-once") and state[d] == "local_copy" and size[d] >= ONCE_READS_MORE * size["pil"]:
+                said.append(f"{d} read {size[d] / 1e3:.0f} KB an image from local disk in each later epoch, "
+                            f"{size[d] / size['pil']:.1f}x a JPEG's {size['pil'] / 1e3:.0f} KB (the page cache dropped "
+                            f"before each epoch, as for a data set larger than memory): {rate[d] * size[d] / 1e6:.0f} "
+                            f"MB/s at its {rate[d]:.0f} images/s, against {rate['pil'] * size['pil'] / 1e6:.0f} MB/s "
+                            "for PIL.")
     slack = [d for d in rate.index if not on_gpu(d) and workers * 1000 / ms[d] > 2 * rate[d]]
     if slack:
         what = " (for decode-once, only its crop and flip: it decodes nothing after epoch 1)" if any(

@@ -10,7 +10,8 @@ epoch decodes into the cache, later ones crop the decoded pixels. When ``compute
 ``gpu`` row runs too: the workers only read bytes and the GPU decodes each batch
 (:class:`~dataferry.ondevice.DecodeOnDevice`); and, last, a ``decode-once@<size> gpu`` row: the workers only read
 the pixels decode-once cached and the GPU crops them (:class:`~dataferry.ondevice.CropOnDevice`). Each row is one
-epoch: samples/s, AU, the share of wall time the step waited for data, the cache state, and the decoder's
+epoch: samples/s, AU, the share of wall time the step waited for data, the cache state, the mean bytes of the files it
+read an image (``bytes_per_sample``: JPEGs, or decode-once's decoded pictures), and the decoder's
 milliseconds per image on one core (read from the page cache, decode, augment; for the ``gpu`` rows, on the GPU in
 a batch: decode or move, then crop).
 """
@@ -220,13 +221,16 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     rows: list[dict[str, Any]] = []
     for name, ds in runs.items():
         states: list[str] = []
+        sizes: list[float] = []  # the mean bytes of the files each epoch reads an image: JPEGs, or decoded pictures
 
         def before_epoch(epoch: int, ds: Any = ds, decodes: bool = name == once) -> None:
             if decodes and epoch == 1:
                 states.append("decoding into the cache")
+                sizes.append(ds.total_bytes / len(ds))
                 return
             files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if ds.decoded is not None else
                      [cache.path(source, e) for e in ds.entries])
+            sizes.append(sum(os.path.getsize(f) for f in files) / len(files))
             dropped = drop_page_cache and evict(files).cache_state == "cold_verified"
             # MEASUREMENT.md's names: the cache's copies, dropped from the page cache; else what mincore finds left
             states.append("local_copy" if dropped else residency_state(files))
@@ -239,12 +243,13 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
         if crops_on_device is not None:
             loader = crops_on_device(loader, crop, str(compute.device))
 
-        def record(report: Any, name: str = name, states: list[str] = states) -> None:
+        def record(report: Any, name: str = name, states: list[str] = states, sizes: list[float] = sizes) -> None:
             """Each epoch's row, and its line, as the epoch ends."""
             rows.append({"decoder": name, "epoch": report.epoch, "samples_per_s": report.samples_per_s, "au": report.au,
                          "steady_au": report.steady_au,
                          "wait_share": report.wait_s / report.wall_s, "epoch_s": report.wall_s,
-                         "cache_state": states[report.epoch - 1], "decode_ms_per_sample": ms_per_image[name],
+                         "cache_state": states[report.epoch - 1], "bytes_per_sample": sizes[report.epoch - 1],
+                         "decode_ms_per_sample": ms_per_image[name],
                          "workers": workers, "cpus": os.cpu_count(), "compute": who})
             say(f"  {name:22} epoch {report.epoch}: {report.samples_per_s:6.0f} samples/s, AU {report.au:4.0%}, "
                 f"waiting {report.wait_s / report.wall_s:4.0%} ({states[report.epoch - 1]})")

@@ -520,3 +520,37 @@ def test_the_api_baseline_retries_and_resumes_a_read_cut_by_the_network(lab, lab
     finally:
         lab.toxiproxy.remove_toxic("gcs", "cuts")
     assert got == [ds.content(e.name) for e in entries]
+
+
+@pytest.mark.parametrize("size, zeros", [(100_000, 80_000), (400_000, 131_000), (40 << 20, 20 << 20)],
+                         ids=["held in memory", "written as it comes", "in many chunks"])
+def test_a_copys_trailing_zeros_take_no_disk(tmp_path, size, zeros):
+    """Decode-once's records are all the size of the largest picture, the rest zeros (a flower's: 262 KB of pixels
+    in 393 KB): written out, every later epoch read the zeros from the disk too. A trailing run of zeros is left
+    a hole: the copy reads back the same bytes, checks out, and takes the disk only its other bytes."""
+    root = tmp_path / "data"
+    root.mkdir()
+    data = random.Random(size).randbytes(size - zeros) + bytes(zeros)
+    (root / "f.bin").write_bytes(data)
+    source, cache = LocalSource(root), Cache(tmp_path / "cache")
+    assert cache.read(source, "f.bin") == data
+    path = cache.path(source, "f.bin")
+    assert path.stat().st_size == size and path.read_bytes() == data
+    assert path.stat().st_blocks * 512 < size - zeros + 64 * 1024, "the zeros are a hole"
+    assert cache.verify().ok
+    assert cache.read(source, "f.bin") == data
+
+
+def test_a_decoded_record_takes_the_disk_its_picture_takes_not_its_padding(tmp_path):
+    from dataferry.course.lab.flowers import plan_flowers
+    from dataferry.decode import DecodedImages, pixels
+
+    plan_flowers(1, seed=0, prefix="").write_to(tmp_path / "photos")
+    source, cache = LocalSource(tmp_path / "photos"), Cache(tmp_path / "cache")
+    decoded = DecodedImages(source, cache, size=256)
+    for original in source.list():
+        entry = decoded.entry(original)
+        image = pixels(cache.read_verified(decoded, entry))
+        path = cache.path(decoded, entry)
+        assert path.stat().st_size == decoded.sample_bytes > image.numel() + 64 * 1024, "a flower leaves padding"
+        assert path.stat().st_blocks * 512 < image.numel() + 8192, "only the picture's bytes are on the disk"

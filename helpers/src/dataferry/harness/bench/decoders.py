@@ -10,8 +10,8 @@ epoch decodes into the cache, later ones crop the decoded pixels. When ``compute
 ``gpu`` row runs too: the workers only read bytes and the GPU decodes each batch
 (:class:`~dataferry.ondevice.DecodeOnDevice`); and, last, a ``decode-once@<size> gpu`` row: the workers only read
 the pixels decode-once cached and the GPU crops them (:class:`~dataferry.ondevice.CropOnDevice`). Each row is one
-epoch: samples/s, AU, the share of wall time the step waited for data, the cache state, the mean bytes of the files it
-read an image (``bytes_per_sample``: JPEGs, or decode-once's decoded pictures), and the decoder's
+epoch: samples/s, AU, the share of wall time the step waited for data, the cache state, the mean bytes on disk of the
+files it read (``bytes_per_sample``: JPEGs, or decode-once's decoded pictures), and the decoder's
 milliseconds per image on one core (read from the page cache, decode, augment; for the ``gpu`` rows, on the GPU in
 a batch: decode or move, then crop).
 """
@@ -221,16 +221,17 @@ def compare_decoders(source: Source, work: str | os.PathLike[str], compute: Any,
     rows: list[dict[str, Any]] = []
     for name, ds in runs.items():
         states: list[str] = []
-        sizes: list[float] = []  # the mean bytes of the files each epoch reads an image: JPEGs, or decoded pictures
+        sizes: list[float] = []  # the mean bytes on disk of the files each epoch reads: JPEGs, or decoded pictures
 
         def before_epoch(epoch: int, ds: Any = ds, decodes: bool = name == once) -> None:
             if decodes and epoch == 1:
                 states.append("decoding into the cache")
-                sizes.append(ds.total_bytes / len(ds))
+                files = [cache.path(source, e) for e in ds.entries]  # it reads the JPEGs
+                sizes.append(sum(os.stat(f).st_blocks * 512 for f in files) / len(files))
                 return
             files = ([cache.path(ds.decoded, ds.decoded.entry(e)) for e in ds.entries] if ds.decoded is not None else
                      [cache.path(source, e) for e in ds.entries])
-            sizes.append(sum(os.path.getsize(f) for f in files) / len(files))
+            sizes.append(sum(os.stat(f).st_blocks * 512 for f in files) / len(files))
             dropped = drop_page_cache and evict(files).cache_state == "cold_verified"
             # MEASUREMENT.md's names: the cache's copies, dropped from the page cache; else what mincore finds left
             states.append("local_copy" if dropped else residency_state(files))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -203,17 +204,17 @@ def main() -> None:
 
         def run_decoders(sub: str, compute: Any, workers: int, decoders: list[str], decode_once: int | None,
                          kind: str, label: str = "", drop: bool = True) -> None:
-            ends: list[float] = []
+            ended: dict[tuple[str, int], float] = {}
 
             def said(line: str) -> None:
                 print(line, flush=True)
-                if line.startswith("  ") and " epoch " in line:
-                    ends.append(time.perf_counter())
+                if m := re.match(r"  (.+?) +epoch (\d+):", line):  # the decoders take their epochs in turns
+                    ended[m.group(1), int(m.group(2))] = time.perf_counter()
 
             new = compare_decoders(source, work / sub, compute, workers=workers, batch_size=args.batch,
                                    epochs=args.epochs, decoders=decoders, decode_once=decode_once,
                                    drop_page_cache=drop, say=said)
-            with_busy(new, ends, kind, label)
+            with_busy(new, [ended[r["decoder"], r["epoch"]] for r in new], kind, label)
 
         ds = ImageFolder(folder, transform=augment())
         loader = DataLoader(ds, batch_size=args.batch, sampler=RandomSampler(ds), num_workers=args.workers,

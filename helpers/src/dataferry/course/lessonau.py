@@ -115,8 +115,8 @@ def au_runs(data: AUData, profiles: list[Any], folder: Path, *, epochs: int, rep
 def decoding_run(course: Course, data: AUData, n: int, compute_name: str, *, epochs: int, workers: int,
                  batch_size: int, seed: int = 0, real_gpu: str = "auto") -> tuple[Any, str, int]:
     """Flower photos staged into one cache (in the lab, under the first of its region profiles), then the same training
-    loop once per way of decoding (:func:`dataferry.harness.bench.decoders.compare_decoders`): its rows, each with
-    ``where`` it ran, what it fed, and the workers (one per CPU at most: decoding is CPU work)."""
+    loop with each way of decoding, their epochs in turns (:func:`dataferry.harness.bench.decoders.compare_decoders`):
+    its rows, each with ``where`` it ran, what it fed, and the workers (one per CPU at most: decoding is CPU work)."""
     import pandas as pd
 
     from dataferry import GCSSource

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -163,8 +164,8 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
 
 
 def au_table(rows: Any) -> str:
-    """A markdown table: median AU (min-max, n; in tenths of a percent, so that 89.9% never reads as a threshold's
-    90%) per setting x compute profile x method x epoch x cache state. A
+    """A markdown table: median AU (to a tenth of a percent, so that 89.9% never reads as a threshold's 90%; min-max
+    in whole percent, rounded outward; n) per setting x compute profile x method x epoch x cache state. A
     setting is a lesson (when the rows name one), a sample count, a sample size, a region and a runtime kind: rows
     differing in any are never pooled."""
     ok = rows[(rows["phase"] == "train") & (rows["error"] == "")]
@@ -181,8 +182,8 @@ def au_table(rows: Any) -> str:
     lines = ["| " + " | ".join(head) + " | AU median (min-max) | n | samples/s | bound by |", "|" + "---|" * (len(head) + 4)]
     for key, g in ok.groupby(keys):
         sps = (g["samples"] / (g["ns"] / 1e9)).median()
-        lines.append(f"| {' | '.join(map(str, key))} | {g['au'].median():.1%} "
-                     f"({g['au'].min():.1%}-{g['au'].max():.1%}) | {len(g)} | {sps:.0f} | "
+        low, high = math.floor(round(g["au"].min() * 100, 6)), math.ceil(round(g["au"].max() * 100, 6))
+        lines.append(f"| {' | '.join(map(str, key))} | {g['au'].median():.1%} ({low}-{high}%) | {len(g)} | {sps:.0f} | "
                      f"{g['bound_by'].mode().iloc[0]} |")
     return "\n".join(lines)
 

@@ -554,3 +554,25 @@ def test_a_decoded_record_takes_the_disk_its_picture_takes_not_its_padding(tmp_p
         path = cache.path(decoded, entry)
         assert path.stat().st_size == decoded.sample_bytes > image.numel() + 64 * 1024, "a flower leaves padding"
         assert path.stat().st_blocks * 512 < image.numel() + 8192, "only the picture's bytes are on the disk"
+
+
+def test_ranges_written_out_of_order_with_zeros_read_back_whole_and_a_restart_keeps_nothing(tmp_path):
+    """A fill in ranges (a large object from a bucket) writes each range at its offset as it comes, in any order;
+    zeros left unwritten are a hole of the file sized at the start, so no range can cut another short, and a restart
+    (before a refetch) keeps none of the bytes written before it."""
+    from dataferry.cache.transport import Part, Sink
+
+    a = random.Random(1).randbytes(100_000) + bytes(100_000)  # data, then zeros to the range's end
+    b = bytes(200_000)                                         # a range of zeros only
+    c = random.Random(2).randbytes(200_000)
+    tmp, deadline = tmp_path / "x.part", time.monotonic() + 60
+    sink = Sink(str(tmp), 600_000, held=False)
+    for start, data in ((400_000, c), (0, a), (200_000, b)):  # the last range first
+        assert Part(sink, start, start + len(data), deadline).write(data) == len(data)
+    assert tmp.read_bytes() == a + b + c
+    assert tmp.stat().st_blocks * 512 < 300_000 + 64 * 1024, "the zeros are a hole"
+    sink.restart()
+    assert tmp.read_bytes() == bytes(600_000), "nothing of the first attempt is left"
+    Part(sink, 0, 600_000, deadline).write(a + b + c)
+    sink.close()
+    assert tmp.read_bytes() == a + b + c

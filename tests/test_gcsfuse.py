@@ -12,6 +12,7 @@ import pytest
 
 from dataferry.course.lab import BucketNotFound, plan_dataset
 from dataferry.mounts import MountError, file_cache_room_mb, is_mounted, mount_gcsfuse
+from dataferry.sources import ChangedAtSource
 
 
 @pytest.fixture(scope="module")
@@ -188,11 +189,17 @@ def test_a_folder_on_a_gcsfuse_mount_keeps_its_versions_and_cache_when_gcsfuse_r
         listed = sorted(source.list(), key=lambda e: e.name)
         numbers = [os.stat(point / n).st_ino for n in names]
         assert [cache.read(source, e) for e in listed] == [bytes([i]) * (1000 + i) for i in range(4)]
+    lab_bucket.blob(names[3]).upload_from_string(b"new" * 1000)  # and one object replaced meanwhile
     with gcsfuse_lab.mount(lab_bucket.name, mountpoint=point):
         for name in reversed(names):  # looked up in the other order: gcsfuse numbers them otherwise
             os.stat(point / name)
         assert [os.stat(point / n).st_ino for n in names] != numbers, "the premise: gcsfuse renumbered the files"
-        for e in listed:  # a listing taken before the numbers changed still reads
+        for e in listed[:3]:  # a listing taken before the numbers changed still reads
             assert source.fetch(e, io.BytesIO()) == e.size
-        assert sorted(source.list(), key=lambda e: e.name) == listed, "the same files, the same versions"
-        assert all(cache.contains(source, e) for e in source.list()), "the cache filled through the mount is used"
+        with pytest.raises(ChangedAtSource):  # but not the object replaced since
+            source.fetch(listed[3], io.BytesIO())
+        again = sorted(source.list(), key=lambda e: e.name)
+        assert again[:3] == listed[:3] and again[3].version != listed[3].version, "the same files, the same versions"
+        assert [cache.contains(source, e) for e in again] == [True, True, True, False], \
+            "the cache filled through the mount is used, and the replaced object is not taken for its old copy"
+        assert cache.read(source, again[3]) == b"new" * 1000

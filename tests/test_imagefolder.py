@@ -613,7 +613,7 @@ def test_compare_decoders_runs_one_training_loop_per_decoder_and_says_what_each_
     jpegs = sum(len(TEST.content(f"test/{n}")) for n in names) / len(names)
     read = {(r["decoder"], r["epoch"]): r["bytes_per_sample"] for r in rows}
     assert read[("pil", 1)] == read[("pil", 2)] == read[("decode-once@256", 1)], "decode-once's epoch 1 reads the JPEGs"
-    assert jpegs <= read[("pil", 1)] < jpegs + 4096, "their mean bytes on disk, in whole blocks"
+    assert 0.5 * jpegs < read[("pil", 1)] < 2 * jpegs, "their mean bytes on disk"
     assert read[("decode-once@256", 2)] > 3 * jpegs, "later, the decoded pictures: 256 x 256 or more, 3 bytes a pixel"
     gains = decoder_gains(rows)
     assert gains["pil"][0] == 1.0 and set(gains) == {*DECODERS, "decode-once@256"}

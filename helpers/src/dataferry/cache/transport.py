@@ -41,6 +41,7 @@ RANGES = 16  # ranges of one object in flight at once
 WRITEBACK = 8 << 20  # a range written to a file starts the disk on every this many bytes (see Part.write)
 ZERO_TAIL = 64 << 10  # a copy's trailing zeros, this many or more, are left a hole (see _written)
 _ZEROS = bytes(ZERO_TAIL)
+_PAGE = 4096
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _sync_file_range = getattr(_libc, "sync_file_range", None)
@@ -59,6 +60,7 @@ class Sink:
         if not held:
             try:
                 self.fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.ftruncate(self.fd, size)  # sized once: a range's zeros left unwritten are a hole (see _written)
             except OSError as e:
                 raise CacheFolderError.writing(e) from e
 
@@ -78,6 +80,7 @@ class Sink:
         """Before a refetch: the bytes so far go (what is held keeps its size, each byte written again)."""
         if self.fd >= 0:
             os.ftruncate(self.fd, 0)
+            os.ftruncate(self.fd, self.size)
         if self.held is not None:
             del self.held[self.size:]
 
@@ -111,13 +114,21 @@ def write_new(path: str, data: bytes | bytearray) -> int:
 
 
 def _written(data: bytes | bytearray | memoryview) -> int:
-    """How many of ``data``'s first bytes to write: all but a trailing run of at least ``ZERO_TAIL`` zeros, which the
-    file is extended over instead (a hole: read back as zeros, and no disk). Decode-once's records are all the size of
-    the largest picture, the rest zeros: a flower's is 262 KB of pixels in 393 KB, and later epochs read it all."""
-    n = len(data)
-    if n < ZERO_TAIL or data[-1] != 0 or memoryview(data)[n - ZERO_TAIL:] != _ZEROS:
+    """How many of ``data``'s first bytes to write: all but a trailing run of at least ``ZERO_TAIL`` zeros (to a
+    page), over which the file is sized instead: a hole, read back as zeros with no disk. Decode-once's records are all
+    the size of the largest picture, the rest zeros (a flower's is 262 KB of pixels in 393 KB): a process's first read
+    of a copy reads it whole to check it, and the kernel's readahead reads past the picture. Compared a block at a
+    time as bytes (a memoryview compares byte by byte, 60x slower)."""
+    view = memoryview(data).cast("B")
+    n = len(view)
+    if n < ZERO_TAIL or view[-1] != 0 or bytes(view[n - ZERO_TAIL:]) != _ZEROS:
         return n
-    return len(bytes(data).rstrip(b"\0"))
+    end = n - ZERO_TAIL
+    while end >= ZERO_TAIL and bytes(view[end - ZERO_TAIL:end]) == _ZEROS:
+        end -= ZERO_TAIL
+    while end >= _PAGE and bytes(view[end - _PAGE:end]) == _ZEROS[:_PAGE]:
+        end -= _PAGE
+    return end
 
 
 class Part:
@@ -142,9 +153,6 @@ class Part:
                 while view:
                     written = os.pwrite(self.sink.fd, view, at)
                     view, at = view[written:], at + written
-                end = self.start + self.n + len(data)
-                if at < end and os.fstat(self.sink.fd).st_size < end:  # zeros left out: the file reaches past them
-                    os.ftruncate(self.sink.fd, end)
             except OSError as e:
                 raise CacheFolderError.writing(e) from e
         self.crc.update(data)

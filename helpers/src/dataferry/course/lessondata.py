@@ -34,7 +34,8 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 def region_label(course: Course) -> str:
-    """``region <name>``, or that it was not found: what a cloud figure of this run is labelled."""
+    """``region <name>`` (a lab profile as ``lab:<profile>``), or that it was not found: what a figure of this run
+    is labelled."""
     from dataferry.course.findings import where_said
 
     return where_said(course.region().region)
@@ -350,7 +351,7 @@ def pooled_runs(course: Course, extra: list[str], shipped: bool, *, figure_lesso
     drawn = epochs[(epochs["lesson"] == drawn_lesson) & (epochs["files"] == files)]
     n_shipped = len(list(shipped_results().rglob("results.csv"))) if shipped else 0
     about = (f"{measured}{len(rows)} rows from {rows['run_id'].nunique()} runs ({n_shipped} shipped from real clouds); "
-             f"{len(epochs)} usable epoch rows ({failed_epochs(rows)} left out). The standard figures draw "
+             f"{len(epochs)} usable epoch rows; left out: {failed_epochs(rows)}. The standard figures draw "
              f"{drawn_lesson}'s runs of {files} files ({len(drawn)} epoch rows).")
     train = rows[(rows["phase"] == "train") & (rows["error"] == "")]
     train_drawn = train

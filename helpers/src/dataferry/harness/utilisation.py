@@ -164,8 +164,8 @@ def compare_au(target: Target, results: Results, methods: Sequence[str], compute
 
 
 def au_table(rows: Any) -> str:
-    """A markdown table: median AU (to a tenth of a percent, so that 89.9% never reads as a threshold's 90%; min-max
-    in whole percent, rounded outward; n) per setting x compute profile x method x epoch x cache state. A
+    """A markdown table: median AU (to a tenth of a percent, so that 89.9% is not printed as a threshold's 90%;
+    min-max in whole percent, rounded outward; n) per setting x compute profile x method x epoch x cache state. A
     setting is a lesson (when the rows name one), a sample count, a sample size, a region and a runtime kind: rows
     differing in any are never pooled."""
     ok = rows[(rows["phase"] == "train") & (rows["error"] == "")]

@@ -61,12 +61,14 @@ class LocalSource:
             # A FUSE daemon numbers files as it likes: gcsfuse gives a file a new inode number each time the kernel
             # looks it up afresh (after forgetting it under memory pressure, after a remount). There the number
             # says nothing of the file, and a version with it would be "changed" mid-epoch and keyed anew.
-            numbered = self._numbered[st.st_dev] = not filesystem_of(f"{self._root}/{name}").startswith("fuse")
+            kind = filesystem_of(f"{self._root}/{name}")
+            numbered = self._numbered[st.st_dev] = not (kind == "fuse" or kind.startswith("fuse."))  # not fuseblk
         number = st.st_ino if numbered else ""
         return Entry(name, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{number}-{st.st_ctime_ns}")
 
     def list(self) -> Iterator[Entry]:
         follow = self.follow_links
+        self._numbered = {}  # a device number freed by an unmount can come back as another file system's
         try:
             top = os.stat(self.root)
         except OSError:

@@ -43,9 +43,9 @@ def steady(rows: Any, batch_size: int) -> Any:
 
 
 def _interval(low: float, high: float, at: float) -> str:
-    """A 95% interval, each bound :func:`_beside` the threshold ``at``, so that a printed bound never sits on the
-    other side of it than the verdict beside it says (a low of 89.74% printed as 90% beside "straddles 90%", a high
-    of 89.7% printed as 90% beside "below 90%")."""
+    """A 95% interval, each bound as :func:`~dataferry.course.findings.percent` gives it against the threshold ``at``,
+    so that a printed bound never sits on the other side of it than the verdict beside it says (a low of 89.74%
+    printed as 90% beside "straddles 90%", a high of 89.7% printed as 90% beside "below 90%")."""
     return f"[95% CI {percent(low, at)}, {percent(high, at)}]"
 
 

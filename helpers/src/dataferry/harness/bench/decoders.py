@@ -5,8 +5,9 @@ Once the images are on local disk, a DataLoader worker spends its time decoding 
 as ``ImageFolder`` reads) into one cache, then runs the same training loop with each decoder: a
 :class:`~dataferry.CachedImageFolder` with that ``loader``, the usual augmentation (a random resized crop
 and a flip), a real ``DataLoader`` with ``workers`` processes, into ``compute`` (an emulated accelerator
-or a real model). The decoders take their epochs in turns, each loader keeping its workers, so that a machine
-that slows down during the run slows them alike. Decode-once (:class:`~dataferry.decode.DecodedImages`) takes its
+or a real model). The decoders take their epochs in turns, each loader keeping its workers (so decoders x
+``workers`` processes live through the run, idle but for their turn), so that a machine that slows down during the
+run slows them alike. Decode-once (:class:`~dataferry.decode.DecodedImages`) takes its
 first epoch after the decoders' first: it decodes into the cache; later ones crop the decoded pixels. When ``compute`` trains on a CUDA GPU, a
 ``gpu`` row runs too: the workers only read bytes and the GPU decodes each batch
 (:class:`~dataferry.ondevice.DecodeOnDevice`); and, last, a ``decode-once@<size> gpu`` row: the workers only read

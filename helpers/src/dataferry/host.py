@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["pid_alive", "in_colab", "COLAB_ENV_VARS", "mount_table", "mount_of", "filesystem_of",
+__all__ = ["pid_alive", "in_colab", "COLAB_ENV_VARS", "mount_table", "mount_of", "filesystem_of", "on_fuse",
            "on_network_filesystem"]
 
 COLAB_ENV_VARS = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_BACKEND_VERSION")
@@ -82,6 +82,12 @@ def filesystem_of(path: str | os.PathLike[str]) -> str:
     """The filesystem type ``path`` is on (``ext4``, ``overlay``, ``fuse``, ``fuse.gcsfuse`` ...): that of the
     innermost mount holding it (:func:`mount_of`); ``""`` if none is known."""
     return mount_of(path)[1]
+
+
+def on_fuse(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is on a FUSE mount (``fuse``, ``fuse.drive``, ``fuse.gcsfuse``; not ``fuseblk``, a disk's):
+    its daemon numbers the files itself, and gcsfuse numbers a file anew each time the kernel looks it up afresh."""
+    return filesystem_of(path).split(".")[0] == "fuse"
 
 
 def on_network_filesystem(path: str | os.PathLike[str]) -> bool:

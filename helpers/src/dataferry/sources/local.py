@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dataferry.errors import BadArgument
-from dataferry.host import filesystem_of, on_network_filesystem
+from dataferry.host import on_fuse, on_network_filesystem
 from dataferry.sources.base import (CHUNK, ChangedAtSource, Entry, NotFoundAtSource, SourceError, safe_name,
                                     where)
 from dataferry.sources.beneath import open_beneath
@@ -58,11 +58,9 @@ class LocalSource:
     def _entry(self, name: str, st: os.stat_result) -> Entry:
         numbered = self._numbered.get(st.st_dev)
         if numbered is None:
-            # A FUSE daemon numbers files as it likes: gcsfuse gives a file a new inode number each time the kernel
-            # looks it up afresh (after forgetting it under memory pressure, after a remount). There the number
-            # says nothing of the file, and a version with it would be "changed" mid-epoch and keyed anew.
-            kind = filesystem_of(f"{self._root}/{name}")
-            numbered = self._numbered[st.st_dev] = not (kind == "fuse" or kind.startswith("fuse."))  # not fuseblk
+            # On FUSE the number says nothing of the file (gcsfuse renumbers a file after the kernel forgot it, after
+            # a remount): a version with it would be "changed" mid-epoch and keyed anew.
+            numbered = self._numbered[st.st_dev] = not on_fuse(f"{self._root}/{name}")
         number = st.st_ino if numbered else ""
         return Entry(name, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{number}-{st.st_ctime_ns}")
 

@@ -174,8 +174,7 @@ def decoding(rows: Any, workers: int, cpus: int, fed: str, where: str) -> Conclu
                 + (f", not told apart from {listed(tied, 'or')} by this run" if tied else "") + ": "
                 + _busy(au[best], rows[(rows["epoch"] > 1) & (rows["decoder"] == best)].get("steady_au")))
     if "bytes_per_sample" in rows.columns and "pil" in rate.index:  # what decode-once pays for decoding nothing
-        size = rows[rows["epoch"] > 1].groupby("decoder", sort=False)["bytes_per_sample"].median()
-        state = rows[rows["epoch"] > 1].groupby("decoder", sort=False)["cache_state"].agg(lambda s: s.mode().iloc[0])
+        size, state = later["bytes_per_sample"].median(), later["cache_state"].agg(lambda s: s.mode().iloc[0])
         for d in rate.index:
             if d.startswith("decode-once") and state[d] == "local_copy" and size[d] >= ONCE_READS_MORE * size["pil"]:
                 said.append(f"{d} read {size[d] / 1e3:.0f} KB an image from local disk in each later epoch, "
